@@ -1,0 +1,66 @@
+"""Exception hierarchy.
+
+Every error raised by shardflow for bad input or failed I/O subclasses
+:class:`ShardflowError` and the builtin that fits (``ValueError`` for bad data,
+``OSError`` for I/O, ``KeyError`` for missing fields), so callers can catch
+either. Messages name where (shard URL, key, member) and what was wrong.
+"""
+
+from __future__ import annotations
+
+
+class ShardflowError(Exception):
+    """Base class of all shardflow errors."""
+
+
+class ShardFormatError(ShardflowError, ValueError):
+    """A shard is not a valid tar stream (bad header, checksum, truncation)."""
+
+
+class TruncatedShardError(ShardFormatError):
+    """A shard ends in the middle of a header or of a member's data."""
+
+
+class SampleError(ShardflowError, ValueError):
+    """A sample is malformed: duplicated field, non-adjacent members, undecodable field."""
+
+
+class MissingFieldError(SampleError, KeyError):
+    """A requested field is absent from a sample."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class DecodeError(SampleError):
+    """A field's bytes could not be decoded by its codec."""
+
+
+class ManifestError(ShardflowError, ValueError):
+    """A manifest is missing, malformed, or does not match the shards."""
+
+
+class StateError(ShardflowError, ValueError):
+    """A saved ``state_dict`` does not fit the dataset or loader it is loaded into."""
+
+
+class RemoteReadError(ShardflowError, OSError):
+    """Reading a shard failed after all retries, or the object changed while being read."""
+
+
+class ConversionError(ShardflowError, ValueError):
+    """A converter's source is unusable (for example an ImageFolder class with no images)."""
+
+
+def missing_dependency(package: str, extra: str, purpose: str) -> ImportError:
+    """Build the ImportError raised when an optional dependency is absent.
+
+    Args:
+        package: the import name that failed (``"torch_geometric"``).
+        extra: the pip extra that installs it (``"graphs"``).
+        purpose: what needed it (``"decoding 'pyg' fields"``).
+    """
+    return ImportError(
+        f"{purpose} needs the optional package {package!r}; install it with "
+        f"`pip install 'shardflow[{extra}]'`"
+    )
