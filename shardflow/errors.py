@@ -10,23 +10,42 @@ from __future__ import annotations
 
 
 class ShardflowError(Exception):
-    """Base class of all shardflow errors."""
+    """Base class of all shardflow errors.
+
+    Attributes:
+        reason: a short, constant tag for the kind of problem (``"truncated_shard"``,
+            ``"missing_field"``, ...), used as the counter name in ``dataset.stats``.
+    """
+
+    default_reason = "error"
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        self.reason = reason or self.default_reason
 
 
 class ShardFormatError(ShardflowError, ValueError):
     """A shard is not a valid tar stream (bad header, checksum, truncation)."""
 
+    default_reason = "bad_shard"
+
 
 class TruncatedShardError(ShardFormatError):
     """A shard ends in the middle of a header or of a member's data."""
+
+    default_reason = "truncated_shard"
 
 
 class SampleError(ShardflowError, ValueError):
     """A sample is malformed: duplicated field, non-adjacent members, undecodable field."""
 
+    default_reason = "bad_sample"
+
 
 class MissingFieldError(SampleError, KeyError):
     """A requested field is absent from a sample."""
+
+    default_reason = "missing_field"
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
@@ -35,21 +54,31 @@ class MissingFieldError(SampleError, KeyError):
 class DecodeError(SampleError):
     """A field's bytes could not be decoded by its codec."""
 
+    default_reason = "decode"
+
 
 class ManifestError(ShardflowError, ValueError):
     """A manifest is missing, malformed, or does not match the shards."""
+
+    default_reason = "manifest"
 
 
 class StateError(ShardflowError, ValueError):
     """A saved ``state_dict`` does not fit the dataset or loader it is loaded into."""
 
+    default_reason = "state"
+
 
 class RemoteReadError(ShardflowError, OSError):
     """Reading a shard failed after all retries, or the object changed while being read."""
 
+    default_reason = "remote_read"
+
 
 class ConversionError(ShardflowError, ValueError):
     """A converter's source is unusable (for example an ImageFolder class with no images)."""
+
+    default_reason = "conversion"
 
 
 def missing_dependency(package: str, extra: str, purpose: str) -> ImportError:

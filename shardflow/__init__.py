@@ -1,0 +1,52 @@
+"""shardflow: pack training data into tar shards and stream them into PyTorch.
+
+Public surface (see DESIGN.md §3):
+
+- :class:`ShardWriter`: write samples into tar shards plus a ``shardflow.json`` manifest.
+- :class:`ShardDataset`: a streaming ``IterableDataset`` over shards, local or any fsspec URL.
+- :class:`IndexedShardDataset`: map-style random access through the offset index.
+- :func:`loader`: a DataLoader with the right settings, with ``state_dict()`` for resumption.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ShardflowError
+
+__version__ = "0.1.0"
+__all__ = [
+    "ShardWriter",
+    "ShardDataset",
+    "IndexedShardDataset",
+    "ShuffleConfig",
+    "IOOptions",
+    "DecodeOptions",
+    "loader",
+    "collate",
+    "ShardflowError",
+    "__version__",
+]
+
+_LAZY = {
+    "ShardWriter": ("writer", "ShardWriter"),
+    "ShardDataset": ("dataset", "ShardDataset"),
+    "IndexedShardDataset": ("indexed", "IndexedShardDataset"),
+    "ShuffleConfig": ("plan", "ShuffleConfig"),
+    "IOOptions": ("storage", "IOOptions"),
+    "DecodeOptions": ("codecs", "DecodeOptions"),
+    "loader": ("loader", "loader"),
+    "collate": ("collate", "collate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names on first use, so ``import shardflow`` stays light."""
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'shardflow' has no attribute {name!r}")

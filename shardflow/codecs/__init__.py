@@ -1,0 +1,233 @@
+"""Field codecs, registered by extension.
+
+A field's codec is chosen by the last extension of its name (``seg.png`` uses
+the ``png`` codec); ``gz`` is gunzipped and then decoded by the extension before
+it (``x.npy.gz``). On write, ``bytes`` values are stored as given and other
+values are encoded by the codec; on read, the codec decodes the bytes. Nothing
+is unpickled unless :attr:`DecodeOptions.allow_pickle` is set.
+
+Known extensions: see :func:`known_extensions`. Add your own with
+:func:`register_codec`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import DecodeError, SampleError
+from ..format.keys import codec_extension
+
+__all__ = [
+    "DecodeOptions",
+    "register_codec",
+    "known_extensions",
+    "encode_field",
+    "decode_field",
+    "IMAGE_FORMS",
+]
+
+IMAGE_FORMS = ("pil", "numpy", "torch")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How fields are decoded.
+
+    Attributes:
+        image: ``"pil"`` (RGB ``PIL.Image``), ``"numpy"`` (uint8 array, shape
+            (H, W, 3)), ``"torch"`` (uint8 tensor, shape (3, H, W)), or None to
+            keep image fields as encoded bytes.
+        max_pixels: refuse images with more pixels than this (decompression
+            bombs); a per-dataset limit, Pillow's global setting is untouched.
+        exif_transpose: apply the EXIF Orientation tag (default True, as
+            ``PIL.ImageOps.exif_transpose``).
+        allow_pickle: decode ``pth``/``pt``/``pickle``/``pkl`` fields. Off by
+            default: unpickling untrusted data runs arbitrary code.
+    """
+
+    image: str | None = "numpy"
+    max_pixels: int | None = 178_956_970
+    exif_transpose: bool = True
+    allow_pickle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.image is not None and self.image not in IMAGE_FORMS:
+            raise ValueError(f"image form must be one of {IMAGE_FORMS} or None, got {self.image!r}")
+        if self.max_pixels is not None and self.max_pixels <= 0:
+            raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
+
+
+Encoder = Callable[[Any, str], bytes]
+Decoder = Callable[[bytes, DecodeOptions], Any]
+_ENCODERS: dict[str, Encoder] = {}
+_DECODERS: dict[str, Decoder] = {}
+
+
+def register_codec(extension: str, encode: Encoder | None, decode: Decoder | None) -> None:
+    """Register a codec for an extension (lower-case, no dot).
+
+    Args:
+        extension: e.g. ``"npy"``.
+        encode: ``encode(value, extension) -> bytes``, or None for read-only.
+        decode: ``decode(data, options) -> value``, or None to keep bytes.
+    """
+    if encode is not None:
+        _ENCODERS[extension] = encode
+    if decode is not None:
+        _DECODERS[extension] = decode
+
+
+def known_extensions() -> list[str]:
+    """Sorted extensions that have a codec."""
+    return sorted(set(_ENCODERS) | set(_DECODERS))
+
+
+def encode_field(key: str, field: str, value: Any) -> bytes:
+    """Encode one field value for writing.
+
+    Args:
+        key: the sample key (for error messages).
+        field: the field name; its last extension picks the codec.
+        value: ``bytes``/``bytearray``/``memoryview`` are stored as given;
+            anything else is encoded by the codec.
+
+    Raises:
+        SampleError: no codec can encode the value (lists the known extensions),
+            or the codec refused it.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    ext = codec_extension(field)
+    if ext == "gz" and "." in field:
+        return gzip.compress(encode_field(key, field[: -len(".gz")], value), mtime=0)
+    encode = _ENCODERS.get(ext)
+    if encode is None:
+        raise SampleError(
+            f"sample {key!r}: no codec encodes a {type(value).__name__} into field {field!r}; pass bytes, "
+            f"or use one of the extensions {', '.join(known_extensions())}"
+        )
+    try:
+        return encode(value, ext)
+    except SampleError:
+        raise
+    except Exception as e:
+        raise SampleError(f"sample {key!r}: cannot encode field {field!r}: {e}") from e
+
+
+def decode_field(field: str, data: bytes, options: DecodeOptions) -> Any:
+    """Decode one field's bytes by its extension; unknown extensions stay bytes.
+
+    Raises:
+        DecodeError: the codec failed (the caller adds shard and key).
+    """
+    ext = codec_extension(field)
+    if ext == "gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise DecodeError(f"field {field!r}: bad gzip data: {e}") from e
+        inner = field[: -len(".gz")]
+        return decode_field(inner, data, options) if "." in field else data
+    decode = _DECODERS.get(ext)
+    if decode is None:
+        return data
+    try:
+        return decode(data, options)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f"field {field!r}: {type(e).__name__}: {e}") from e
+
+
+# ------------------------------------------------------------ built-in codecs
+
+
+def _enc_text(value: Any, ext: str) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"expected str, got {type(value).__name__}")
+    return value.encode("utf-8")
+
+
+def _enc_int(value: Any, ext: str) -> bytes:
+    if isinstance(value, (np.integer,)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int class index, got {type(value).__name__}")
+    return str(value).encode("ascii")
+
+
+def _dec_int(data: bytes, options: DecodeOptions) -> int:
+    return int(data.strip())
+
+
+def _enc_json(value: Any, ext: str) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _enc_npy(value: Any, ext: str) -> bytes:
+    if hasattr(value, "detach"):  # torch tensor
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        raise TypeError("object arrays cannot be stored without pickle")
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _enc_image(value: Any, ext: str) -> bytes:
+    from .image import encode_image
+
+    return encode_image(value, ext)
+
+
+def _dec_image(data: bytes, options: DecodeOptions) -> Any:
+    if options.image is None:
+        return data
+    from .image import decode_image
+
+    return decode_image(data, options.image, max_pixels=options.max_pixels, exif_transpose=options.exif_transpose)
+
+
+def _enc_graph(value: Any, ext: str) -> bytes:
+    from ..graph import encode_graph
+
+    return encode_graph(value)
+
+
+def _dec_graph(data: bytes, options: DecodeOptions) -> Any:
+    from ..graph import decode_graph
+
+    return decode_graph(data)
+
+
+def _dec_pickle(data: bytes, options: DecodeOptions) -> Any:
+    if not options.allow_pickle:
+        return data
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)  # explicit user opt-in
+
+
+for _ext in ("txt", "text"):
+    register_codec(_ext, _enc_text, lambda d, o: d.decode("utf-8"))
+for _ext in ("cls", "cls2", "idx", "index", "label"):
+    register_codec(_ext, _enc_int, _dec_int)
+register_codec("json", _enc_json, lambda d, o: json.loads(d))
+register_codec("npy", _enc_npy, _dec_npy)
+for _ext in ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif"):
+    register_codec(_ext, _enc_image, _dec_image)
+register_codec("pyg", _enc_graph, _dec_graph)
+for _ext in ("pth", "pt", "pickle", "pkl"):
+    register_codec(_ext, None, _dec_pickle)

@@ -1,0 +1,558 @@
+"""The streaming dataset: :class:`ShardDataset`."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from . import stages, storage
+from .codecs import DecodeOptions
+from .errors import MissingFieldError, ShardflowError, StateError
+from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized, worker_batches
+from .source import Source, resolve_source
+from .world import World, stable_seed
+
+__all__ = ["ShardDataset", "STATE_VERSION"]
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+_MAX_WORKERS = 256
+
+
+@dataclass(frozen=True)
+class _Batching:
+    """Set by :func:`shardflow.loader`: workers batch and collate, and tag batches."""
+
+    batch_size: int
+    drop_last: bool
+    collate: Callable[[list[Any]], Any]
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Where the next iteration resumes: the remaining units per worker.
+
+    ``assignment[w]`` lists the batch numbers (sized) or the count of units to
+    skip (unsized, one int) of worker ``w``.
+    """
+
+    epoch: int
+    assignment: tuple[tuple[int, ...], ...]
+    skip: tuple[int, ...] = ()
+
+
+@dataclass
+class WorkerItem:
+    """What a worker yields under :func:`shardflow.loader`: a batch and its origin."""
+
+    worker: int
+    index: int
+    data: Any
+    stats: dict[str, int] = field(default_factory=dict)
+    final: bool = False
+
+
+def _ranges(ids: Sequence[int]) -> list[list[int]]:
+    """Compress an ordered list of ints into ``[start, stop)`` runs."""
+    out: list[list[int]] = []
+    for i in ids:
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def _unranges(runs: Sequence[Sequence[int]]) -> list[int]:
+    return [i for a, b in runs for i in range(a, b)]
+
+
+class ShardDataset(IterableDataset):
+    """Stream samples from tar shards, locally or from any fsspec URL.
+
+    Each sample is a dict: ``__key__`` (str), ``__url__`` (the shard's URL) and
+    one entry per field, decoded by the field's extension (see
+    :mod:`shardflow.codecs`). With a manifest, every rank gets exactly the same
+    number of samples per epoch, and over an epoch the ranks and DataLoader
+    workers together see every sample once (plus declared padding); see
+    :mod:`shardflow.plan` for the exact rules. Use :func:`shardflow.loader` for
+    batching with workers and for resumption with workers.
+
+    Args:
+        source: a folder (with ``shardflow.json``, or else its ``.tar*``
+            files), a manifest URL, a brace pattern or glob
+            (``s3://b/train-{000000..000099}.tar``), parts joined by ``::``,
+            or a list of URLs.
+        shuffle: False keeps the stored order (shards in manifest/URL order,
+            samples in file order); True shuffles shards per epoch and samples
+            through a 1,000-sample buffer; an int sets the buffer size; or a
+            :class:`~shardflow.plan.ShuffleConfig`.
+        seed: seed of every shuffle; the order is a function of
+            ``(seed, epoch)`` only, the same on every machine.
+        decode: ``"numpy"`` (images as uint8 arrays, shape (H, W, 3)),
+            ``"torch"`` (uint8 tensors, shape (3, H, W)), ``"pil"`` (RGB images)
+            or None (every field stays bytes); or a
+            :class:`~shardflow.codecs.DecodeOptions`. Graph fields (``.pyg``)
+            decode to ``torch_geometric.data.Data``/``HeteroData``.
+        fields: field names to keep (``__key__``/``__url__`` are always kept);
+            a sample lacking one is an error under ``on_error``. ``"jpg;png"``
+            takes the first present. None keeps all.
+        transform: ``transform(sample) -> Any`` applied after decoding; a
+            returned None drops the sample (counted as ``filtered``).
+        on_error: ``"raise"`` (default), ``"skip"`` or ``"warn"``; see
+            :class:`~shardflow.stages.ErrorPolicy`.
+        partial: ``"pad"`` (default, as ``DistributedSampler``) or ``"drop"``:
+            how ranks get equal counts when ``N`` is not divisible by the world size.
+        samples_per_epoch: train by steps: samples per rank per epoch, drawn
+            from an endless stream of reshuffled passes.
+        rank: this process's rank; default detected (``torch.distributed``,
+            else ``RANK``/``WORLD_SIZE``, else 0).
+        world_size: number of ranks; give with ``rank``.
+        storage_options: passed to fsspec (credentials, endpoint, ...).
+        io: retries, read-ahead and cache; a :class:`~shardflow.storage.IOOptions`.
+        max_pixels: image decompression-bomb limit in pixels (per dataset).
+
+    Raises:
+        FileNotFoundError: the source lists no shard.
+        ManifestError: the manifest is invalid.
+        MissingFieldError: ``fields`` names a field the manifest does not know
+            (lists the fields that exist).
+        ShardflowError: a rank would get no data.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | Sequence[str],
+        *,
+        shuffle: bool | int | ShuffleConfig = False,
+        seed: int = 0,
+        decode: str | DecodeOptions | None = "numpy",
+        fields: Sequence[str] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        on_error: str = "raise",
+        partial: str = "pad",
+        samples_per_epoch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        io: storage.IOOptions | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
+        super().__init__()
+        if io is None:
+            io = storage.IOOptions(storage_options=dict(storage_options or {}))
+        elif storage_options:
+            raise ValueError("pass storage_options inside io= or as storage_options=, not both")
+        self.io = io
+        if isinstance(shuffle, ShuffleConfig):
+            self.shuffle = shuffle
+        elif shuffle is True:
+            self.shuffle = ShuffleConfig()
+        elif shuffle is False or shuffle is None:
+            self.shuffle = ShuffleConfig.off()
+        elif isinstance(shuffle, int) and shuffle >= 0:
+            self.shuffle = ShuffleConfig(buffer=shuffle)
+        else:
+            raise ValueError(f"shuffle must be a bool, a buffer size or a ShuffleConfig, got {shuffle!r}")
+        if isinstance(decode, DecodeOptions):
+            self.decode = decode
+        elif decode is None:
+            self.decode = None
+        else:
+            self.decode = DecodeOptions(image=decode)
+        if max_pixels is not None:
+            self.decode = DecodeOptions(**{**asdict(self.decode or DecodeOptions(image=None)), "max_pixels": max_pixels})
+        self.seed = int(seed)
+        self.fields = tuple(fields) if fields is not None else None
+        if isinstance(fields, str):
+            raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")
+        self.transform = transform
+        self.on_error = on_error
+        stages.ErrorPolicy(on_error)  # validates
+        self._split = SplitConfig(partial=partial, samples_per_epoch=samples_per_epoch)  # type: ignore[arg-type]
+        self._ranks = (rank, world_size)
+        World.detect(rank, world_size)  # validates
+        self.source: Source = resolve_source(source, io)
+        self._check_fields()
+        self.stats: Counter[str] = Counter()
+        self._batching: _Batching | None = None
+        self._resume: _Resume | None = None
+        self._user_epoch: int | None = None
+        self._offset_cache: dict[int, np.ndarray | None] = {}
+        self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
+        # shared with DataLoader workers (also persistent ones): [epoch, iterations per worker...]
+        self._control = torch.zeros(1 + _MAX_WORKERS, dtype=torch.int64).share_memory_()
+        self._progress: list[Any] | None = None
+        self._last_epoch = 0
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def manifest(self):  # noqa: ANN201 - Manifest | None
+        """The manifest (restricted to the shards read), or None."""
+        return self.source.manifest
+
+    @property
+    def sized(self) -> bool:
+        """True when sample counts are known (a manifest), so splits are exact."""
+        return self.source.manifest is not None
+
+    @property
+    def urls(self) -> list[str]:
+        """Shard URLs in stream order."""
+        return list(self.source.urls)
+
+    def world(self) -> World:
+        """The detected rank/world size/worker of the caller."""
+        return World.detect(*self._ranks)
+
+    def _check_fields(self) -> None:
+        m = self.source.manifest
+        if self.fields is None or m is None or not m.fields:
+            return
+        for f in self.fields:
+            if not any(alt in m.fields for alt in f.split(";")):
+                raise MissingFieldError(
+                    f"no shard of {m.url} has the field {f!r}; the fields that exist are {sorted(m.fields)}"
+                )
+
+    def _split_config(self) -> SplitConfig:
+        b = self._batching
+        if b is None:
+            return self._split
+        return SplitConfig(
+            partial=self._split.partial,
+            batch_size=b.batch_size,
+            drop_last=b.drop_last,
+            samples_per_epoch=self._split.samples_per_epoch,
+        )
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (independent of the worker count).
+
+        Raises:
+            TypeError: no manifest, so the length is unknown (``shardflow index``
+                writes one).
+        """
+        counts = self.source.counts
+        if counts is None:
+            raise TypeError(
+                "this ShardDataset has no manifest, so its length is unknown; write one with `shardflow index`"
+            )
+        world = self.world()
+        n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
+        return n
+
+    def num_batches(self, num_workers: int = 1) -> int:
+        """Batches per epoch of this rank under the loader's batching (sized only)."""
+        counts = self.source.counts
+        if counts is None:
+            raise TypeError("unknown number of batches: this ShardDataset has no manifest (see `shardflow index`)")
+        world = self.world()
+        _, nb, _, _ = rank_share(int(counts.sum()), world.world_size, self._split_config())
+        return nb
+
+    def plan(self, epoch: int | None = None, rank: int | None = None) -> RankPlan:
+        """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only."""
+        counts = self.source.counts
+        if counts is None:
+            raise TypeError("no plan without a manifest (see `shardflow index`)")
+        world = self.world()
+        r = world.rank if rank is None else rank
+        e = int(self._control[0]) if epoch is None else epoch
+        key = (r, e, self.shuffle, self._split_config())
+        if self._plan_cache is not None and self._plan_cache[0] == key:
+            return self._plan_cache[1]
+        plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, self._split_config())
+        self._plan_cache = (key, plan)
+        return plan
+
+    # ------------------------------------------------------------ epochs & state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the next iteration; the one way epochs change.
+
+        Without it, each new iteration advances the epoch by one, so an epoch
+        is never replayed silently (also in workers, persistent or not).
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._user_epoch = int(epoch)
+        self._apply_epoch(int(epoch))
+
+    def _apply_epoch(self, epoch: int) -> None:
+        self._control[0] = epoch
+        self._control[1:] = 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration (since the last ``set_epoch``) starts from."""
+        return int(self._control[0])
+
+    def _begin(self, worker: int) -> int:
+        """Called at the start of every iteration in the process that iterates."""
+        if worker >= _MAX_WORKERS:
+            raise ShardflowError(f"at most {_MAX_WORKERS} DataLoader workers are supported")
+        n = int(self._control[1 + worker])
+        self._control[1 + worker] = n + 1
+        return int(self._control[0]) + n
+
+    def _fingerprint(self, num_workers: int) -> dict[str, Any]:
+        world = self.world()
+        h = hashlib.sha256()
+        for u, c in zip(self.source.urls, self.source.counts if self.source.counts is not None else [None] * len(self.source.urls)):
+            h.update(f"{u.rsplit('/', 1)[-1]}:{c};".encode())
+        split = self._split_config()
+        return {
+            "shards": h.hexdigest()[:16],
+            "seed": self.seed,
+            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave],
+            "partial": split.partial,
+            "samples_per_epoch": split.samples_per_epoch,
+            "batch_size": split.batch_size,
+            "drop_last": split.drop_last,
+            "world_size": world.world_size,
+            "rank": world.rank,
+            "num_workers": num_workers,
+        }
+
+    def _check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
+        if not isinstance(state, Mapping) or state.get("kind") != kind:
+            raise StateError(f"not a {kind} state_dict (kind={state.get('kind') if isinstance(state, Mapping) else None!r})")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"{kind} state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
+        saved, now = state["config"], self._fingerprint(num_workers)
+        diffs = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if k != "num_workers" and saved.get(k) != now[k]]
+        if not self.sized and saved.get("num_workers") != num_workers:
+            diffs.append(f"num_workers: saved {saved.get('num_workers')}, now {num_workers} (without a manifest the worker count must match)")
+        if diffs:
+            raise StateError(
+                f"cannot resume: the {kind} was configured differently when the state was saved ("
+                + "; ".join(diffs)
+                + "). Resuming needs the same shards, seed, shuffle, split, batch size and world size; "
+                "with a manifest the number of workers may change"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the current epoch when iterating in this process.
+
+        Taken mid-epoch and loaded into a fresh dataset, iteration continues
+        with exactly the samples not yet yielded, in the same order. With
+        DataLoader workers use the state of :func:`shardflow.loader` instead:
+        the dataset in the main process cannot see what workers yielded.
+        """
+        progress = getattr(self, "_progress", None)
+        if progress is None:
+            epoch = int(self._control[0]) + int(self._control[1])
+            remaining: list[Any] = []
+        else:
+            ids, k, skip = progress
+            epoch = self._last_epoch
+            remaining = [_ranges(ids[k:])] if self.sized else [skip + k]
+        return self._make_state("ShardDataset", 1, epoch, remaining, 0)
+
+    def _make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "next_worker": next_worker,
+            "remaining": remaining,
+            "config": self._fingerprint(num_workers),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration continues that epoch.
+
+        Raises:
+            StateError: another version, or a different configuration (the
+                message lists each difference).
+        """
+        self._check_state(state, "ShardDataset", 1)
+        self._load_resume(state, 1)
+
+    def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
+        epoch = int(state["epoch"])
+        remaining = state["remaining"]
+        self._apply_epoch(epoch)
+        self._user_epoch = epoch
+        if not remaining:  # saved before anything was read: start the epoch afresh
+            self._resume = None
+            return
+        if not self.sized:
+            skip = [int(x) for x in remaining]
+            j = int(state["next_worker"])
+            self._resume = _Resume(epoch, (), tuple(skip[(i + j) % num_workers] for i in range(num_workers)))
+            return
+        lists = [_unranges(r) for r in remaining]
+        saved_workers = len(lists)
+        if saved_workers == num_workers:
+            j = int(state["next_worker"]) % num_workers
+            assignment = tuple(tuple(lists[(i + j) % num_workers]) for i in range(num_workers))
+        else:
+            flat = sorted(b for lst in lists for b in lst)
+            assignment = tuple(tuple(flat[i * len(flat) // num_workers : (i + 1) * len(flat) // num_workers]) for i in range(num_workers))
+        self._resume = _Resume(epoch, assignment)
+
+    # ------------------------------------------------------------ iteration
+
+    def _offsets(self, shard: int) -> np.ndarray | None:
+        if shard not in self._offset_cache:
+            self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
+        return self._offset_cache[shard]
+
+    def __iter__(self) -> Iterator[Any]:
+        world = self.world()
+        epoch = self._begin(world.worker)
+        resume = self._resume if (self._resume is not None and self._resume.epoch == epoch) else None
+        if world.num_workers == 1 and torch.utils.data.get_worker_info() is None:
+            self._resume = None  # consumed by this iteration in the main process
+        self._last_epoch = epoch
+        policy = stages.ErrorPolicy(self.on_error)
+        self.stats = policy.stats
+        if self._batching is not None:
+            return self._iter_batches(world, epoch, resume, policy)
+        return self._iter_samples(world, epoch, resume, policy)
+
+    def _units(self, world: World, epoch: int, resume: _Resume | None) -> list[int]:
+        """This worker's batch numbers (sized; empty when unsized)."""
+        if not self.sized:
+            return []
+        plan = self.plan(epoch, world.rank)
+        if resume is not None and resume.assignment:
+            ids = list(resume.assignment[world.worker]) if world.worker < len(resume.assignment) else []
+        else:
+            ids = list(worker_batches(plan.num_batches, world.worker, world.num_workers))
+        return ids
+
+    def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
+        """Compose the stages; returns (items, planned batch sizes)."""
+        if self.sized:
+            plan = self.plan(epoch, world.rank)
+            sizes = [len(range(*plan.batch_slice(b).indices(len(plan.emit)))) for b in ids]
+            order = np.concatenate([plan.emit[plan.batch_slice(b)] for b in ids]) if ids else np.zeros(0, np.int64)
+            needed = np.zeros(len(plan.emit), dtype=bool)
+            needed[order] = True
+            raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets)
+            items: Iterator[Any] = stages.emit_in_order(raw, order)
+        else:
+            shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
+            items = stages.read_shards(shards, self.source, self.io, policy)
+            items = stages.stream_shuffle(items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker))
+            sizes = []
+            if skip:
+                items = _skip(items, skip * (self._batching.batch_size if self._batching else 1))
+        if self.fields is not None:
+            items = stages.select_fields(items, self.fields, policy)
+        if self.decode is not None:
+            items = stages.decode(items, self.decode, policy)
+        if self.transform is not None:
+            items = stages.apply_transform(items, self.transform, policy)
+        return items, sizes
+
+    def _iter_samples(self, world: World, epoch: int, resume: _Resume | None, policy: stages.ErrorPolicy) -> Iterator[Any]:
+        ids = self._units(world, epoch, resume)
+        skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        items, _ = self._pipeline(world, epoch, ids, skip, policy)
+        in_main = torch.utils.data.get_worker_info() is None
+        progress = [ids, 0, skip]
+        if in_main:
+            self._progress = progress
+        try:
+            for item in items:
+                progress[1] += 1
+                if item is None:
+                    continue
+                policy.good()
+                yield item
+            policy.check_end()
+        finally:
+            _close_iter(items)
+        if in_main:
+            self._progress = None
+
+    def _iter_batches(self, world: World, epoch: int, resume: _Resume | None, policy: stages.ErrorPolicy) -> Iterator[WorkerItem]:
+        b = self._batching
+        if b is None:
+            raise ShardflowError("internal: batching requested without a batch configuration")
+        ids = self._units(world, epoch, resume)
+        skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        items, sizes = self._pipeline(world, epoch, ids, skip, policy)
+        counted = _count_good(items, policy)
+        try:
+            if self.sized:
+                for index, batch in stages.batched(counted, sizes, b.collate):
+                    yield WorkerItem(world.worker, ids[index], batch, dict(policy.stats))
+            else:
+                n = skip
+                while True:
+                    group = [x for x in _take(counted, b.batch_size)]
+                    full = len(group) == b.batch_size
+                    group = [x for x in group if x is not None]
+                    if group and (full or not b.drop_last):
+                        yield WorkerItem(world.worker, n, b.collate(group), dict(policy.stats))
+                    n += 1
+                    if not full:
+                        break
+            if world.num_workers == 1 or policy.stats["samples"]:
+                policy.check_end()
+        finally:
+            _close_iter(items)
+        yield WorkerItem(world.worker, -1, None, dict(policy.stats), final=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_offset_cache"] = {}
+        state["_plan_cache"] = None
+        if self.transform is not None:
+            try:
+                pickle.dumps(self.transform)
+            except Exception as e:
+                raise TypeError(
+                    f"the transform {self.transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
+                    "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
+                    "local function), or use the 'fork' start method"
+                ) from e
+        return state
+
+
+def _count_good(items: Iterator[Any], policy: stages.ErrorPolicy) -> Iterator[Any]:
+    for x in items:
+        if x is not None:
+            policy.good()
+        yield x
+
+
+def _take(it: Iterator[Any], n: int) -> list[Any]:
+    out = []
+    for _ in range(n):
+        x = next(it, _SENTINEL)
+        if x is _SENTINEL:
+            break
+        out.append(x)
+    return out
+
+
+_SENTINEL = object()
+
+
+def _skip(items: Iterator[Any], n: int) -> Iterator[Any]:
+    for i, x in enumerate(items):
+        if i >= n:
+            yield x
+
+
+def _close_iter(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()

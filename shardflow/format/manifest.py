@@ -1,0 +1,160 @@
+"""The dataset manifest ``shardflow.json`` and the per-shard offset index.
+
+Manifest (JSON)::
+
+    {"format": "shardflow", "version": 1,
+     "shards": [{"url": "train-000000.tar", "samples": 500, "bytes": 1234,
+                 "sha256": "...", "index": "train-000000.tar.idx.npy"}, ...],
+     "fields": {"jpg": "jpg", "cls": "cls"},
+     "meta": {"class_to_idx": {...}, "source": "..."}}
+
+Shard URLs are relative to the manifest's folder (absolute URLs are kept as
+given). The offset index of a shard is a ``.npy`` (int64, shape (samples + 1,),
+no pickle): entry ``i`` is the byte offset of sample ``i``'s first tar header and
+the last entry is the offset just after the last sample, so sample ``i`` spans
+bytes ``[idx[i], idx[i+1])``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ManifestError
+from .keys import codec_extension
+
+__all__ = ["MANIFEST_NAME", "FORMAT_VERSION", "ShardInfo", "Manifest", "encode_offsets", "decode_offsets"]
+
+MANIFEST_NAME = "shardflow.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard's manifest entry.
+
+    Attributes:
+        url: path relative to the manifest's folder, or an absolute URL.
+        samples: number of samples.
+        bytes: size of the shard file in bytes.
+        sha256: hex digest of the shard file.
+        index: relative path of the offset index ``.npy``, or None.
+    """
+
+    url: str
+    samples: int
+    bytes: int
+    sha256: str | None = None
+    index: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.url, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
+        if self.index:
+            out["index"] = self.index
+        return out
+
+
+@dataclass
+class Manifest:
+    """A dataset manifest.
+
+    Attributes:
+        shards: entries in stream order.
+        fields: field name -> codec extension, for every field seen.
+        meta: free-form metadata (``class_to_idx``, source, graph schema, ...).
+        url: where the manifest was read from or will be written (set by the
+            loader); shard URLs resolve against its folder.
+    """
+
+    shards: list[ShardInfo]
+    fields: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    url: str | None = None
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(s.samples for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "shardflow",
+            "version": FORMAT_VERSION,
+            "shards": [s.to_json() for s in self.shards],
+            "fields": dict(sorted(self.fields.items())),
+            "meta": self.meta,
+        }
+
+    def dumps(self) -> bytes:
+        """Deterministic JSON bytes (sorted fields, 1-space indent)."""
+        return (json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def loads(cls, data: bytes | str, url: str | None = None) -> Manifest:
+        """Parse manifest JSON.
+
+        Raises:
+            ManifestError: not JSON, not a shardflow manifest, a newer version,
+                or an entry without ``url``/``samples``.
+        """
+        where = url or "<manifest>"
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{where}: not valid JSON: {e}") from e
+        if not isinstance(obj, dict) or obj.get("format") != "shardflow":
+            raise ManifestError(f"{where}: not a shardflow manifest (no \"format\": \"shardflow\")")
+        version = obj.get("version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ManifestError(f"{where}: manifest version {version!r} is not supported (this shardflow reads <= {FORMAT_VERSION})")
+        shards = []
+        for i, entry in enumerate(obj.get("shards", [])):
+            try:
+                shards.append(
+                    ShardInfo(
+                        url=str(entry["url"]),
+                        samples=int(entry["samples"]),
+                        bytes=int(entry.get("bytes", -1)),
+                        sha256=entry.get("sha256"),
+                        index=entry.get("index"),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                raise ManifestError(f"{where}: shard entry {i} is malformed ({entry!r}): {e}") from e
+            if shards[-1].samples < 0:
+                raise ManifestError(f"{where}: shard entry {i} has a negative sample count")
+        return cls(shards=shards, fields=dict(obj.get("fields", {})), meta=dict(obj.get("meta", {})), url=url)
+
+
+def fields_of(names: Iterable[str]) -> dict[str, str]:
+    """Map field names to their codec extension."""
+    return {name: codec_extension(name) for name in names}
+
+
+def encode_offsets(offsets: Sequence[int] | np.ndarray) -> bytes:
+    """Serialize an offset index as ``.npy`` bytes (int64, no pickle)."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+    return buf.getvalue()
+
+
+def decode_offsets(data: bytes, url: str, samples: int) -> np.ndarray:
+    """Parse an offset index and check it fits the shard.
+
+    Raises:
+        ManifestError: not an int64 vector of ``samples + 1`` increasing offsets.
+    """
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as e:
+        raise ManifestError(f"{url}: offset index is not a valid .npy: {e}") from e
+    if arr.ndim != 1 or arr.shape[0] != samples + 1 or arr.dtype.kind not in "iu":
+        raise ManifestError(f"{url}: offset index has shape {arr.shape} and dtype {arr.dtype}, expected int64 ({samples + 1},)")
+    if samples and np.any(np.diff(arr) <= 0):
+        raise ManifestError(f"{url}: offset index is not strictly increasing")
+    return arr.astype(np.int64, copy=False)

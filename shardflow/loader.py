@@ -1,0 +1,242 @@
+"""A DataLoader with the right settings for a :class:`ShardDataset`."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from .collate import collate as default_collate
+from .dataset import ShardDataset, WorkerItem, _Batching, _ranges
+from .errors import ShardflowError, StateError
+
+__all__ = ["loader", "ShardLoader"]
+
+log = logging.getLogger(__name__)
+
+
+class ShardLoader:
+    """Batches from a :class:`ShardDataset` through a ``torch.utils.data.DataLoader``.
+
+    Workers read, decode, transform and collate whole batches; the loader
+    yields them in the DataLoader's order and keeps track of which batches the
+    training loop has received, for :meth:`state_dict`.
+
+    With a manifest, ``len(loader)`` is the number of batches every rank
+    yields per epoch, the same for every ``num_workers``; ``drop_last`` drops
+    each rank's last incomplete batch (one per rank, not one per worker).
+
+    Epochs: each ``iter()`` starts the epoch given to ``dataset.set_epoch``
+    since the last iteration, or else the epoch after the previous one.
+
+    Args: see :func:`loader`.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int,
+        *,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: Any = None,
+        timeout: float = 0,
+    ) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"shardflow.loader needs a ShardDataset, got {type(dataset).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn or default_collate
+        dataset._batching = _Batching(batch_size, drop_last, self.collate_fn)
+        self._dl_kwargs: dict[str, Any] = {
+            "batch_size": None,
+            "num_workers": num_workers,
+            "pin_memory": pin_memory,
+            "timeout": timeout,
+        }
+        if num_workers > 0:
+            self._dl_kwargs["persistent_workers"] = persistent_workers
+            if prefetch_factor is not None:
+                self._dl_kwargs["prefetch_factor"] = prefetch_factor
+            if multiprocessing_context is not None:
+                self._dl_kwargs["multiprocessing_context"] = multiprocessing_context
+        self._dl: DataLoader | None = None
+        self._epoch: int | None = None
+        self._pending: Mapping[str, Any] | None = None
+        self._lists: list[list[int]] = []
+        self._taken: list[int] = []
+        self._next_worker = 0
+        self._active = False
+
+    @property
+    def workers(self) -> int:
+        """Reading processes per rank (1 when reading in the main process)."""
+        return max(self.num_workers, 1)
+
+    def __len__(self) -> int:
+        """Batches per epoch of this rank.
+
+        Raises:
+            TypeError: the dataset has no manifest (unsized stream).
+        """
+        return self.dataset.num_batches(self.workers)
+
+    def _dataloader(self, fresh: bool) -> DataLoader:
+        if self._dl is None or fresh:
+            self._dl = DataLoader(self.dataset, **self._dl_kwargs)
+        return self._dl
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            ds._load_resume(pending, self.workers)
+            epoch = int(pending["epoch"])
+        elif ds._user_epoch is not None:
+            epoch = ds._user_epoch
+        elif self._epoch is None:
+            epoch = ds.epoch
+        else:
+            epoch = self._epoch + 1
+        ds._user_epoch = None
+        resume = ds._resume
+        if resume is None or resume.epoch != epoch:
+            resume = None
+            ds._resume = None
+        ds._apply_epoch(epoch)
+        self._epoch = epoch
+        k = self.workers
+        if ds.sized:
+            if resume is not None:
+                self._lists = [list(a) for a in resume.assignment]
+            else:
+                from .plan import worker_batches
+
+                nb = ds.num_batches(k)
+                self._lists = [list(worker_batches(nb, w, k)) for w in range(k)]
+        else:
+            base = list(resume.skip) if resume is not None else [0] * k
+            self._lists = [[b] for b in base]
+        self._taken = [0] * k
+        self._next_worker = 0
+        return self._run(resume is not None)
+
+    def _run(self, resuming: bool) -> Iterator[Any]:
+        ds = self.dataset
+        it = iter(self._dataloader(fresh=resuming))
+        ds._resume = None  # the workers have their copy; later epochs start afresh
+        stats: dict[int, dict[str, int]] = {}
+        self._active = True
+        try:
+            for item in it:
+                if not isinstance(item, WorkerItem):
+                    raise ShardflowError(f"internal: a worker yielded {type(item).__name__}, not a batch")
+                stats[item.worker] = item.stats
+                ds.stats = Counter()
+                for s in stats.values():
+                    ds.stats.update(s)
+                if item.final:
+                    continue
+                self._taken[item.worker] += 1
+                self._next_worker = (item.worker + 1) % self.workers
+                yield item.data
+        finally:
+            self._active = False
+            if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
+                del it  # shut the workers down now, not at garbage collection
+        self._lists = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the epoch: which batches the training loop has received.
+
+        Loaded into a fresh dataset and loader (same configuration), the next
+        iteration yields exactly the batches not yet received, in the same
+        order as the uninterrupted run. With a manifest the worker count may
+        change (the remaining batches are then each yielded once, in another
+        order); a different world size, batch size, seed or shuffle raises
+        :class:`~shardflow.errors.StateError`.
+        """
+        ds = self.dataset
+        if not self._lists:
+            epoch = (self._epoch + 1) if self._epoch is not None else ds.epoch
+            if ds._user_epoch is not None:
+                epoch = ds._user_epoch
+            return ds._make_state("ShardLoader", self.workers, epoch, [], 0)
+        if ds.sized:
+            remaining = [_ranges(lst[t:]) for lst, t in zip(self._lists, self._taken)]
+        else:
+            remaining = [lst[0] + t for lst, t in zip(self._lists, self._taken)]
+        return ds._make_state("ShardLoader", self.workers, int(self._epoch or 0), remaining, self._next_worker)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at the next ``iter()`` from :meth:`state_dict`.
+
+        Raises:
+            StateError: another version or configuration (lists the differences),
+                or a different worker count without a manifest.
+        """
+        if self._active:
+            raise StateError("load_state_dict() while an iteration is running; load before iterating")
+        self.dataset._check_state(state, "ShardLoader", self.workers)
+        self._pending = dict(state)
+        self._dl = None  # persistent workers must restart to see the resume point
+
+
+def loader(
+    dataset: ShardDataset,
+    batch_size: int = 64,
+    *,
+    num_workers: int = 0,
+    drop_last: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    persistent_workers: bool = False,
+    pin_memory: bool = False,
+    prefetch_factor: int | None = None,
+    multiprocessing_context: Any = None,
+    timeout: float = 0,
+) -> ShardLoader:
+    """Build a :class:`ShardLoader`: a DataLoader with the right settings.
+
+    Args:
+        dataset: the :class:`ShardDataset` to read.
+        batch_size: samples per batch.
+        num_workers: DataLoader worker processes per rank (0: read in this process).
+        drop_last: drop each rank's last incomplete batch.
+        collate_fn: ``collate_fn(list of samples) -> batch``, run in the
+            workers; default :func:`shardflow.collate.collate` (dicts of
+            stacked tensors, PyG ``Batch`` for graphs, lists for strings).
+        persistent_workers: keep workers alive between epochs.
+        pin_memory: pin batches in page-locked memory (for CUDA copies).
+        prefetch_factor: batches prefetched per worker (DataLoader's default 2).
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
+        timeout: seconds to wait for a batch from a worker (0: forever).
+
+    Returns:
+        The loader; iterate it, ``len()`` it, ``state_dict()`` it.
+    """
+    return ShardLoader(
+        dataset,
+        batch_size,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+        persistent_workers=persistent_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor,
+        multiprocessing_context=multiprocessing_context,
+        timeout=timeout,
+    )

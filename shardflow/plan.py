@@ -1,0 +1,365 @@
+"""Splitting and shuffling an epoch: pure functions of (counts, world, seed, epoch).
+
+With per-shard sample counts (from the manifest), an epoch is planned exactly:
+
+1. **Shard order.** Shards are permuted per epoch with a generator seeded by
+   ``(seed, epoch)`` (or kept in manifest order without shuffling). Their
+   samples, concatenated in that order, form the epoch's *stream*.
+2. **Ranks.** Every rank gets the same number of samples: ``ceil(N / W)`` with
+   ``partial="pad"`` (positions past the end repeat the stream from its start,
+   as ``torch.utils.data.DistributedSampler`` does) or ``floor(N / W)`` with
+   ``partial="drop"``. Rank ``r`` takes the contiguous stream positions
+   ``[r * n, (r + 1) * n)``, so ranks start and stop inside shards and read
+   them by seeking with the offset index. With ``samples_per_epoch`` set, the
+   stream is endless (pass ``p`` is the shard order of ``(seed, p)``) and epoch
+   ``e`` takes the next ``W * samples_per_epoch`` positions.
+3. **Mixing.** A rank reads up to ``interleave`` of its shard segments at once
+   (round robin), and passes the samples through a shuffle buffer of
+   ``buffer`` samples seeded by ``(seed, epoch, rank)``. The buffer is
+   simulated on sample positions, so the yield order is known before any byte
+   is read; resumption uses it to seek to the first unconsumed sample.
+4. **Batches and workers.** The yield order is cut into ``ceil(n / B)``
+   batches (``floor`` with ``drop_last``). Each DataLoader worker takes a
+   contiguous run of whole batches and reads only the samples they hold, so
+   batch contents, per-rank batch counts and ``len()`` do not depend on
+   ``num_workers``; a worker may get none.
+
+Over an epoch the ranks and workers together see every sample exactly once,
+plus the declared padding (``partial="pad"``) or minus the declared drop.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .errors import ShardflowError
+from .world import World, stable_seed
+
+__all__ = [
+    "ShuffleConfig",
+    "SplitConfig",
+    "Segment",
+    "RankPlan",
+    "shard_order",
+    "rank_share",
+    "plan_epoch",
+    "worker_batches",
+    "buffer_shuffle_order",
+    "split_unsized",
+]
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    """Shuffling options.
+
+    Attributes:
+        shards: permute shard order per epoch.
+        buffer: shuffle buffer size in samples (0 or 1: off).
+        interleave: shard segments a worker reads at once, round robin (1: one
+            after the other).
+    """
+
+    shards: bool = True
+    buffer: int = 1000
+    interleave: int = 4
+
+    def __post_init__(self) -> None:
+        if self.buffer < 0 or self.interleave < 1:
+            raise ValueError(f"shuffle buffer must be >= 0 and interleave >= 1, got {self.buffer}, {self.interleave}")
+
+    @classmethod
+    def off(cls) -> ShuffleConfig:
+        """Stored order: shards as listed, samples in file order."""
+        return cls(shards=False, buffer=0, interleave=1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.shards or self.buffer > 1 or self.interleave > 1
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """How an epoch is split over ranks, workers and batches.
+
+    Attributes:
+        partial: ``"pad"`` repeats samples so every rank gets ``ceil(N/W)``;
+            ``"drop"`` leaves out the last ``N mod W`` stream positions.
+        batch_size: samples per batch (1 when the dataset yields samples).
+        drop_last: drop each rank's last incomplete batch.
+        samples_per_epoch: fixed samples per rank per epoch (training by steps,
+            shards resampled from an endless stream), or None for one pass.
+    """
+
+    partial: Literal["pad", "drop"] = "pad"
+    batch_size: int = 1
+    drop_last: bool = False
+    samples_per_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partial not in ("pad", "drop"):
+            raise ValueError(f"partial must be 'pad' or 'drop', got {self.partial!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
+            raise ValueError(f"samples_per_epoch must be >= 1, got {self.samples_per_epoch}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples ``[start, stop)`` of shard number ``shard`` (manifest order)."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's epoch: what it reads and in which order it yields.
+
+    Attributes:
+        samples: samples this rank yields (before ``drop_last``).
+        padding: padded samples over all ranks this epoch.
+        dropped: samples left out over all ranks this epoch (``partial="drop"``
+            and ``drop_last``).
+        num_batches: batches this rank yields, whatever the worker count.
+        batch_size: samples per batch (the last one may be smaller).
+        segments: the rank's shard segments in stream order.
+        read_segment: int32 array, segment number of each read position.
+        read_sample: int64 array, sample index (in its shard) of each read position.
+        emit: int64 array, read positions in yield order; batch ``b`` is
+            ``emit[b * batch_size : (b + 1) * batch_size]``.
+    """
+
+    samples: int
+    padding: int
+    dropped: int
+    num_batches: int
+    batch_size: int
+    segments: tuple[Segment, ...]
+    read_segment: np.ndarray
+    read_sample: np.ndarray
+    emit: np.ndarray
+
+    def batch_slice(self, batch: int) -> slice:
+        """Positions in :attr:`emit` of batch number ``batch``."""
+        return slice(batch * self.batch_size, min((batch + 1) * self.batch_size, len(self.emit)))
+
+
+def worker_batches(num_batches: int, worker: int, num_workers: int) -> range:
+    """Batch numbers of one DataLoader worker: a contiguous run, sizes differing by at most one."""
+    return range(worker * num_batches // num_workers, (worker + 1) * num_batches // num_workers)
+
+
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Shard order of an epoch: a permutation of ``range(num_shards)``, int64.
+
+    Seeded by ``(seed, epoch)`` with SHA-256 (:func:`shardflow.world.stable_seed`),
+    so it is the same on every machine, rank and worker.
+    """
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64(stable_seed("shards", seed, epoch)))
+    return rng.permutation(num_shards).astype(np.int64)
+
+
+def _samples_per_rank(total: int, world_size: int, split: SplitConfig) -> int:
+    if split.samples_per_epoch is not None:
+        return split.samples_per_epoch
+    if split.partial == "pad":
+        return -(-total // world_size)
+    return total // world_size
+
+
+def rank_share(total: int, world_size: int, split: SplitConfig) -> tuple[int, int, int, int]:
+    """``(samples, num_batches, padding, dropped)`` of each rank.
+
+    Raises:
+        ShardflowError: the dataset is empty, or a rank would get no sample or batch.
+    """
+    w = world_size
+    if total == 0:
+        raise ShardflowError("the dataset has no samples (every shard in the manifest is empty)")
+    n = _samples_per_rank(total, w, split)
+    if n == 0:
+        raise ShardflowError(
+            f"{total} samples cannot be split over {w} ranks with partial='drop': every rank would get 0; "
+            "use partial='pad'"
+        )
+    bs = split.batch_size
+    nb = n // bs if split.drop_last else -(-n // bs)
+    if nb == 0:
+        raise ShardflowError(
+            f"each of the {w} ranks gets {n} samples, fewer than batch_size={bs}, and drop_last=True drops them all"
+        )
+    if split.samples_per_epoch is not None:
+        padding, dropped = 0, 0
+    else:
+        padding = max(n * w - total, 0)
+        dropped = max(total - n * w, 0)
+    dropped += (n - min(n, nb * bs)) * w
+    return n, nb, padding, dropped
+
+
+def _positions_to_segments(
+    counts: np.ndarray, first: int, stop: int, seed: int, epoch: int, shuffle: bool, endless: bool
+) -> list[Segment]:
+    """Map stream positions ``[first, stop)`` to shard segments.
+
+    One pass of the stream is every shard once, in the order of ``(seed, pass)``
+    (endless) or ``(seed, epoch)`` (one pass per epoch, positions past the end
+    wrapping to the start, i.e. padding).
+    """
+    total = int(counts.sum())
+    out: list[Segment] = []
+    pos = first
+    while pos < stop:
+        p, off = divmod(pos, total)
+        order = shard_order(len(counts), seed, p if endless else epoch, shuffle)
+        ends = np.cumsum(counts[order])
+        i = int(np.searchsorted(ends, off, side="right"))
+        while pos < stop and i < len(order):
+            shard_start = int(ends[i] - counts[order[i]])
+            lo = off - shard_start
+            take = min(int(counts[order[i]]) - lo, stop - pos)
+            if take > 0:
+                out.append(Segment(int(order[i]), lo, lo + take))
+                pos += take
+                off += take
+            i += 1
+    return out
+
+
+def buffer_shuffle_order(n: int, buffer: int, seed: int) -> np.ndarray:
+    """Emission order of a shuffle buffer over ``n`` items read in order.
+
+    The buffer fills to ``buffer`` items; then each item read replaces a
+    uniformly chosen buffered item, which is emitted; at the end the rest is
+    emitted in random order (the webdataset ``shuffle`` stage, made exact).
+
+    Returns:
+        int64 array, a permutation of ``range(n)``; identity when ``buffer <= 1``.
+    """
+    if buffer <= 1 or n <= 1:
+        return np.arange(n, dtype=np.int64)
+    rng = random.Random(seed)
+    rand = rng.random
+    buf: list[int] = []
+    out: list[int] = []
+    for i in range(n):
+        if len(buf) < buffer:
+            buf.append(i)
+            continue
+        j = int(rand() * buffer)
+        out.append(buf[j])
+        buf[j] = i
+    rng.shuffle(buf)
+    out.extend(buf)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read order that takes one sample from each of ``ways`` open segments in turn."""
+    seg_ids: list[int] = []
+    samples: list[int] = []
+    if ways <= 1:
+        for s_id, seg in enumerate(segments):
+            seg_ids.extend([s_id] * len(seg))
+            samples.extend(range(seg.start, seg.stop))
+    else:
+        pending = list(range(len(segments)))[::-1]
+        active: list[list[int]] = []  # [segment id, next sample]
+        while pending or active:
+            while pending and len(active) < ways:
+                s_id = pending.pop()
+                active.append([s_id, segments[s_id].start])
+            keep = []
+            for slot in active:
+                s_id, nxt = slot
+                seg_ids.append(s_id)
+                samples.append(nxt)
+                slot[1] = nxt + 1
+                if slot[1] < segments[s_id].stop:
+                    keep.append(slot)
+            active = keep
+    return np.asarray(seg_ids, dtype=np.int32), np.asarray(samples, dtype=np.int64)
+
+
+def plan_epoch(
+    counts: np.ndarray | list[int],
+    rank: int,
+    world_size: int,
+    seed: int,
+    epoch: int,
+    shuffle: ShuffleConfig,
+    split: SplitConfig,
+) -> RankPlan:
+    """Plan one rank's epoch.
+
+    Args:
+        counts: samples per shard, manifest order.
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: number of ranks.
+        seed: the dataset seed.
+        epoch: the epoch number.
+        shuffle: shuffling options.
+        split: split options.
+
+    Returns:
+        The rank's plan. It does not depend on the DataLoader worker count:
+        workers take whole batches of it (:func:`worker_batches`).
+
+    Raises:
+        ShardflowError: see :func:`rank_share`.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n, nb, padding, dropped = rank_share(int(counts.sum()), world_size, split)
+    bs = split.batch_size
+    used = min(n, nb * bs)
+    base = rank * n
+    endless = split.samples_per_epoch is not None
+    if endless:
+        base += epoch * world_size * n
+    segments = _positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
+    read_segment, read_sample = _interleave(segments, shuffle.interleave)
+    emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank))
+    return RankPlan(
+        samples=n,
+        padding=padding,
+        dropped=dropped,
+        num_batches=nb,
+        batch_size=bs,
+        segments=tuple(segments),
+        read_segment=read_segment,
+        read_sample=read_sample,
+        emit=emit,
+    )
+
+
+def split_unsized(num_shards: int, world: World, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """Shards of one (rank, worker) when sample counts are unknown (no manifest).
+
+    Whole shards go round robin over the ``world_size * num_workers`` streams
+    (rank-major), after the epoch's shard permutation. Every shard is read
+    once per epoch, but streams may get different numbers of samples.
+
+    Raises:
+        ShardflowError: this rank would get no shard (fewer shards than ranks).
+    """
+    if num_shards < world.world_size:
+        raise ShardflowError(
+            f"{num_shards} shard(s) cannot be split over {world.world_size} ranks without sample counts: "
+            f"rank {world.rank} would get no data. Write a manifest with `shardflow index` so that ranks "
+            "can split inside shards"
+        )
+    order = shard_order(num_shards, seed, epoch, shuffle)
+    mine = order[world.rank :: world.world_size]
+    return [int(s) for s in mine[world.worker :: world.num_workers]]

@@ -1,0 +1,156 @@
+"""Resolving a dataset source into shard URLs and, where there is one, a manifest.
+
+A source is a folder (with ``shardflow.json``, or else its ``.tar*`` files), a
+manifest URL (``.../shardflow.json``), a brace pattern or glob, parts joined by
+``::``, or a list of URLs (kept as given). When the URLs come without the
+manifest, a ``shardflow.json`` in their folder that lists all of them still
+supplies sample counts and offset indexes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import storage
+from .errors import ManifestError
+from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, decode_offsets
+from .urls import SHARD_SUFFIXES, expand_urls, join_url, parent_url
+
+__all__ = ["Source", "resolve_source", "load_manifest"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Source:
+    """Shards to read.
+
+    Attributes:
+        urls: absolute shard URLs in stream order.
+        manifest: the manifest restricted to ``urls`` (same order), or None.
+        index_urls: offset index URL per shard (None where there is none).
+    """
+
+    urls: list[str]
+    manifest: Manifest | None
+    index_urls: list[str | None]
+
+    @property
+    def counts(self) -> np.ndarray | None:
+        """int64 samples per shard, or None without a manifest."""
+        if self.manifest is None:
+            return None
+        return np.asarray([s.samples for s in self.manifest.shards], dtype=np.int64)
+
+    def load_offsets(self, shard: int, options: storage.IOOptions) -> np.ndarray | None:
+        """The offset index of shard number ``shard``, or None if it has none."""
+        url = self.index_urls[shard]
+        if url is None or self.manifest is None:
+            return None
+        data = _read_all(url, options)
+        return decode_offsets(data, url, self.manifest.shards[shard].samples)
+
+
+def _read_all(url: str, options: storage.IOOptions) -> bytes:
+    return b"".join(storage.iter_chunks(url, 0, None, options))
+
+
+def load_manifest(url: str, options: storage.IOOptions) -> Manifest:
+    """Read and parse a manifest.
+
+    Raises:
+        ManifestError: unreadable or invalid.
+    """
+    try:
+        data = _read_all(url, options)
+    except FileNotFoundError as e:
+        raise ManifestError(f"{url}: manifest not found") from e
+    return Manifest.loads(data, url=url)
+
+
+def _is_dir(url: str, options: storage.IOOptions) -> bool:
+    if "://" not in url:
+        return os.path.isdir(url)
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **dict(options.storage_options))
+    try:
+        return bool(fs.isdir(path))
+    except Exception:  # some filesystems (http) cannot tell
+        return False
+
+
+def _from_manifest(manifest: Manifest, murl: str, urls: Sequence[str] | None = None) -> Source:
+    folder = parent_url(murl)
+    by_url = {join_url(folder, s.url): s for s in manifest.shards}
+    chosen: list[ShardInfo]
+    if urls is None:
+        chosen = list(manifest.shards)
+        full = [join_url(folder, s.url) for s in chosen]
+    else:
+        full = list(urls)
+        chosen = [by_url[u] for u in full]
+    sub = Manifest(shards=chosen, fields=manifest.fields, meta=manifest.meta, url=murl)
+    index = [join_url(folder, s.index) if s.index else None for s in chosen]
+    return Source(urls=full, manifest=sub, index_urls=index)
+
+
+def _sibling_manifest(urls: list[str], options: storage.IOOptions) -> Source | None:
+    folders = {parent_url(u) for u in urls}
+    if len(folders) != 1:
+        return None
+    murl = join_url(folders.pop(), MANIFEST_NAME)
+    try:
+        if not storage.exists(murl, options):
+            return None
+        manifest = load_manifest(murl, options)
+    except (ManifestError, OSError) as e:
+        log.warning("ignoring the manifest beside the shards: %s", e)
+        return None
+    folder = parent_url(murl)
+    listed = {join_url(folder, s.url) for s in manifest.shards}
+    if not all(u in listed for u in urls):
+        return None
+    return _from_manifest(manifest, murl, urls)
+
+
+def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.IOOptions) -> Source:
+    """Turn a dataset source into a :class:`Source`.
+
+    Args:
+        source: folder, manifest URL, pattern (braces, globs, ``::``), or list of URLs.
+        options: storage options.
+
+    Raises:
+        FileNotFoundError: no shards found (empty folder, a glob with no match).
+        ManifestError: an invalid manifest.
+        TypeError: ``source`` is of another type.
+    """
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if isinstance(source, str):
+        if source.endswith(".json"):
+            return _from_manifest(load_manifest(source, options), source)
+        if _is_dir(source, options):
+            murl = join_url(source, MANIFEST_NAME)
+            if storage.exists(murl, options):
+                return _from_manifest(load_manifest(murl, options), murl)
+            found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
+            if not found:
+                raise FileNotFoundError(f"{source}: no shardflow.json and no .tar shards in this folder")
+            return _sibling_manifest(found, options) or Source(found, None, [None] * len(found))
+        urls = expand_urls(source, options.storage_options)
+    elif isinstance(source, Sequence):
+        urls = [os.fspath(u) for u in source]
+        if not all(isinstance(u, str) for u in urls):
+            raise TypeError("a list source must hold URL strings")
+    else:
+        raise TypeError(f"source must be a folder, URL, pattern or list of URLs, got {type(source).__name__}")
+    if not urls:
+        raise FileNotFoundError("the source lists no shards")
+    return _sibling_manifest(urls, options) or Source(urls, None, [None] * len(urls))

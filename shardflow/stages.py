@@ -1,0 +1,369 @@
+"""Reader pipeline stages: plain generators over samples.
+
+Each stage takes an iterator and yields an iterator; :class:`ShardDataset`
+composes them in one place (``_pipeline``). A sample travels as a dict
+``{"__key__": str, "__url__": str, field: bytes | decoded value, ...}``;
+``None`` marks a sample that was dropped under ``on_error="skip"`` so that
+positions stay aligned until the batching stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import storage
+from .codecs import DecodeOptions, decode_field
+from .errors import (
+    DecodeError,
+    MissingFieldError,
+    SampleError,
+    ShardflowError,
+    TruncatedShardError,
+)
+from .format.tar import iter_samples
+from .plan import RankPlan
+from .source import Source
+
+__all__ = ["ErrorPolicy", "read_planned", "emit_in_order", "read_shards", "select_fields", "decode", "apply_transform", "batched"]
+
+log = logging.getLogger(__name__)
+Sample = dict[str, Any]
+ON_ERROR = ("raise", "skip", "warn")
+
+
+class ErrorPolicy:
+    """The dataset's bad-input policy and its counters.
+
+    Args:
+        mode: ``"raise"`` raises the error (it names shard, key and reason);
+            ``"skip"`` drops the whole sample and counts it; ``"warn"`` does
+            the same and logs a warning.
+        max_consecutive: under skip/warn, raise after this many bad samples in
+            a row with no good one (a pass that can yield nothing fails fast).
+
+    Attributes:
+        stats: counters: ``samples`` (yielded), ``skipped`` (samples dropped),
+            and one counter per reason (``truncated_shard``, ``missing_field``,
+            ``decode``, ``transform``, ``duplicate_field``, ``non_adjacent``,
+            ``bad_shard``, ``remote_read``, ...); shard-level reasons count
+            shards, ``lost_samples`` counts the samples they took with them.
+    """
+
+    def __init__(self, mode: str = "raise", max_consecutive: int = 1000) -> None:
+        if mode not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {mode!r}")
+        self.mode = mode
+        self.max_consecutive = max_consecutive
+        self.stats: Counter[str] = Counter()
+        self._run = 0
+        self._last: ShardflowError | None = None
+
+    def handle(self, err: ShardflowError, *, samples: int = 1) -> None:
+        """Raise ``err`` or count it (``samples`` dropped with it)."""
+        if self.mode == "raise":
+            raise err
+        self.stats[err.reason] += 1
+        self.stats["skipped"] += samples
+        self._run += samples
+        self._last = err
+        if self.mode == "warn":
+            log.warning("skipped %d sample(s): %s", samples, err)
+        if self._run >= self.max_consecutive:
+            raise ShardflowError(
+                f"{self._run} bad samples in a row and none good (on_error={self.mode!r}); last error: {err}"
+            ) from err
+
+    def good(self) -> None:
+        """Record a yielded sample."""
+        self.stats["samples"] += 1
+        self._run = 0
+
+    def check_end(self) -> None:
+        """At the end of a pass: fail if everything was dropped."""
+        if self.stats["samples"] == 0 and self.stats["skipped"] > 0 and self._last is not None:
+            raise ShardflowError(
+                f"the pass yielded no sample: all {self.stats['skipped']} were dropped "
+                f"({dict(self.stats)}); last error: {self._last}"
+            ) from self._last
+
+
+def _open_segment(
+    source: Source,
+    shard: int,
+    start: int,
+    stop: int,
+    offsets: np.ndarray | None,
+    io: storage.IOOptions,
+) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
+    """Samples ``[start, stop)`` of one shard, seeking with the offset index if any."""
+    url = source.urls[shard]
+    if offsets is not None:
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        chunks = storage.open_chunks(url, lo, hi, io)
+        yield from iter_samples(chunks, url, lo, end=hi, sample_errors="yield")
+        return
+    chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
+    n = 0
+    for item in iter_samples(chunks, url, 0, limit=stop, sample_errors="yield"):
+        if n >= start:
+            yield item
+        n += 1
+
+
+def read_planned(
+    plan: RankPlan,
+    needed: np.ndarray,
+    source: Source,
+    io: storage.IOOptions,
+    policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None],
+) -> Iterator[tuple[int, Sample | None]]:
+    """Read the needed positions of a rank's plan, in read order.
+
+    Args:
+        plan: the rank's plan.
+        needed: bool array over read positions.
+        source: shard URLs.
+        io: storage options.
+        policy: error policy (shard errors drop the shard's remaining samples).
+        offsets: ``offsets(shard)`` returns the shard's offset index or None.
+
+    Yields:
+        ``(position, sample)`` for every needed position, in read order;
+        ``sample`` is None when it was dropped.
+    """
+    positions = np.flatnonzero(needed)
+    if positions.size == 0:
+        return
+    nseg = len(plan.segments)
+    seg_of = plan.read_segment[positions]
+    smp_of = plan.read_sample[positions]
+    first = np.full(nseg, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(nseg, -1, dtype=np.int64)
+    np.minimum.at(first, seg_of, smp_of)
+    np.maximum.at(last, seg_of, smp_of)
+    iters: dict[int, Iterator[Any]] = {}
+    dead: set[int] = set()
+    read_segment = plan.read_segment
+    read_sample = plan.read_sample
+    try:
+        for pos in range(int(positions[0]), int(positions[-1]) + 1):
+            s = int(read_segment[pos])
+            i = int(read_sample[pos])
+            if i < first[s] or i > last[s]:
+                continue
+            want = bool(needed[pos])
+            if s in dead:
+                if want:
+                    policy.stats["lost_samples"] += 1
+                    policy.stats["skipped"] += 1
+                    yield pos, None
+                continue
+            seg = plan.segments[s]
+            it = iters.get(s)
+            try:
+                if it is None:
+                    it = iters[s] = _open_segment(source, seg.shard, int(first[s]), int(last[s]) + 1, offsets(seg.shard), io)
+                item = next(it, None)
+                if item is None:
+                    raise TruncatedShardError(
+                        f"{source.urls[seg.shard]}: shard ended before sample {i}; the manifest lists "
+                        f"{source.counts[seg.shard] if source.counts is not None else '?'} samples"
+                    )
+            except ShardflowError as e:
+                if policy.mode == "raise":
+                    raise
+                _close(iters.pop(s, None))
+                dead.add(s)
+                policy.handle(e, samples=0)
+                if want:
+                    policy.stats["lost_samples"] += 1
+                    policy.stats["skipped"] += 1
+                    yield pos, None
+                continue
+            if i == last[s]:
+                _close(iters.pop(s, None))
+            if not want:
+                continue
+            key, _, fields = item
+            url = source.urls[seg.shard]
+            if isinstance(fields, SampleError):
+                policy.handle(fields)
+                yield pos, None
+                continue
+            sample: Sample = {"__key__": key, "__url__": url}
+            sample.update(fields)
+            yield pos, sample
+    finally:
+        for it in iters.values():
+            _close(it)
+
+
+def _close(it: Any) -> None:
+    if it is not None and hasattr(it, "close"):
+        it.close()
+
+
+def emit_in_order(items: Iterator[tuple[int, Sample | None]], order: np.ndarray) -> Iterator[Sample | None]:
+    """Yield items by ``order`` (positions), buffering those read early.
+
+    The buffer holds at most the shuffle buffer's size plus the interleave
+    look-ahead, because the order was made by simulating that buffer.
+    """
+    stash: dict[int, Sample | None] = {}
+    try:
+        for pos in order.tolist():
+            while pos not in stash:
+                p, s = next(items)
+                stash[p] = s
+            yield stash.pop(pos)
+    finally:
+        _close(items)
+
+
+def read_shards(
+    shard_ids: Sequence[int], source: Source, io: storage.IOOptions, policy: ErrorPolicy
+) -> Iterator[Sample | None]:
+    """Read whole shards in order (no manifest): every sample, errors per policy."""
+    for shard in shard_ids:
+        url = source.urls[shard]
+        it = iter_samples(storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url), url, 0, sample_errors="yield")
+        try:
+            for key, _, fields in it:
+                if isinstance(fields, SampleError):
+                    policy.handle(fields)
+                    yield None
+                    continue
+                sample: Sample = {"__key__": key, "__url__": url}
+                sample.update(fields)
+                yield sample
+        except ShardflowError as e:
+            if policy.mode == "raise":
+                raise
+            policy.handle(e, samples=0)
+        finally:
+            it.close()
+
+
+def stream_shuffle(items: Iterator[Sample | None], buffer: int, seed: int) -> Iterator[Sample | None]:
+    """Shuffle a stream of unknown length through a buffer (same rule as
+    :func:`shardflow.plan.buffer_shuffle_order`)."""
+    if buffer <= 1:
+        yield from items
+        return
+    import random
+
+    rng = random.Random(seed)
+    buf: list[Sample | None] = []
+    for item in items:
+        if len(buf) < buffer:
+            buf.append(item)
+            continue
+        j = int(rng.random() * buffer)
+        out, buf[j] = buf[j], item
+        yield out
+    rng.shuffle(buf)
+    yield from buf
+
+
+def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], policy: ErrorPolicy) -> Iterator[Sample | None]:
+    """Keep ``__key__``, ``__url__`` and the requested fields; a missing one is an error.
+
+    A requested name may list alternatives separated by ``;`` (``"jpg;png"``):
+    the first present is kept under the first name.
+    """
+    wanted = [(f.split(";")[0], f.split(";")) for f in fields]
+    for s in samples:
+        if s is None:
+            yield None
+            continue
+        out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
+        missing = None
+        for name, alternatives in wanted:
+            for alt in alternatives:
+                if alt in s:
+                    out[name] = s[alt]
+                    break
+            else:
+                missing = name
+                break
+        if missing is not None:
+            present = sorted(k for k in s if not k.startswith("__"))
+            policy.handle(
+                MissingFieldError(
+                    f"{s['__url__']}: sample {s['__key__']!r} has no field {missing!r} (fields present: {present})"
+                )
+            )
+            yield None
+            continue
+        yield out
+
+
+def decode(samples: Iterator[Sample | None], options: DecodeOptions, policy: ErrorPolicy) -> Iterator[Sample | None]:
+    """Decode every field by its extension (see :mod:`shardflow.codecs`)."""
+    for s in samples:
+        if s is None:
+            yield None
+            continue
+        try:
+            for name, value in s.items():
+                if not name.startswith("__"):
+                    s[name] = decode_field(name, value, options)
+        except DecodeError as e:
+            policy.handle(
+                DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason="decode")
+            )
+            yield None
+            continue
+        yield s
+
+
+def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:
+    """Apply the user's per-sample transform; a raised exception follows the policy,
+    a returned None drops the sample (counted as ``filtered``)."""
+    name = getattr(transform, "__qualname__", repr(transform))
+    for s in samples:
+        if s is None:
+            yield None
+            continue
+        try:
+            out = transform(s)
+        except Exception as e:
+            err = SampleError(
+                f"{s.get('__url__')}: sample {s.get('__key__')!r}: transform {name} raised {type(e).__name__}: {e}",
+                reason="transform",
+            )
+            if policy.mode == "raise":
+                raise err from e
+            policy.handle(err)
+            yield None
+            continue
+        if out is None:
+            policy.stats["filtered"] += 1
+        yield out
+
+
+def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[Any]], Any]) -> Iterator[tuple[int, Any]]:
+    """Group items into batches of the planned sizes, dropping Nones.
+
+    Yields ``(index, batch)`` with ``index`` the batch's number in ``sizes``; a
+    batch whose samples were all dropped is not yielded.
+    """
+    for index, size in enumerate(sizes):
+        group = []
+        for _ in range(size):
+            item = next(items, _END)
+            if item is _END:
+                break
+            if item is not None:
+                group.append(item)
+        if group:
+            yield index, collate(group)
+
+
+_END = object()

@@ -1,0 +1,89 @@
+"""Who is reading: rank, world size, DataLoader worker.
+
+:meth:`World.detect` is the one place that looks at ``torch.distributed``,
+the ``RANK``/``WORLD_SIZE`` environment variables (set by ``torchrun``) and
+``torch.utils.data.get_worker_info()``. Everything else takes a :class:`World`
+value, so splitting and shuffling are pure functions that tests call directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, replace
+
+__all__ = ["World", "stable_seed"]
+
+
+@dataclass(frozen=True)
+class World:
+    """Position of one reader among all readers of an epoch.
+
+    Attributes:
+        rank: this process's rank, ``0 <= rank < world_size``.
+        world_size: number of ranks (DDP processes).
+        worker: DataLoader worker id in this rank, ``0 <= worker < num_workers``.
+        num_workers: DataLoader workers per rank (1 when loading in the main process).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"invalid rank {self.rank} for world size {self.world_size}")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"invalid worker {self.worker} for {self.num_workers} workers")
+
+    @classmethod
+    def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
+        """Detect rank, world size and DataLoader worker.
+
+        Explicit ``rank``/``world_size`` win; else an initialized
+        ``torch.distributed`` process group; else the ``RANK`` and
+        ``WORLD_SIZE`` environment variables (as set by torchrun); else 0 / 1.
+
+        Raises:
+            ValueError: only one of ``rank``/``world_size`` is given, or
+                they are inconsistent.
+        """
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither")
+        if rank is None or world_size is None:
+            rank, world_size = _detect_ranks()
+        worker, num_workers = 0, 1
+        try:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+        except ImportError:  # pragma: no cover - torch is a hard dependency
+            info = None
+        if info is not None:
+            worker, num_workers = info.id, info.num_workers
+        return cls(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+
+    def with_workers(self, worker: int, num_workers: int) -> World:
+        """The same ranks with another worker position."""
+        return replace(self, worker=worker, num_workers=num_workers)
+
+
+def _detect_ranks() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    return 0, 1
+
+
+def stable_seed(*parts: object) -> int:
+    """A 64-bit seed derived from the parts with SHA-256 (stable across runs,
+    machines and Python versions, unlike ``hash()``)."""
+    text = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")

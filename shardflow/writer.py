@@ -1,0 +1,275 @@
+"""Writing samples into tar shards with a manifest.
+
+:class:`ShardWriter` packs sample dicts into shards named by a ``%``-pattern,
+rotating by sample count and byte size. Each shard is written under a temporary
+name and appears at its final name only when complete; the manifest
+``shardflow.json`` beside the shards is rewritten (atomically) after every
+finished shard, so a crash at any point leaves a manifest that lists only
+complete shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import posixpath
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from typing import Any, BinaryIO
+
+from . import storage
+from .codecs import encode_field
+from .errors import SampleError
+from .format.keys import check_field, check_key
+from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets, fields_of
+from .format.tar import END_OF_ARCHIVE, encode_sample
+from .urls import join_url, parent_url
+
+__all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest"]
+
+log = logging.getLogger(__name__)
+
+
+def encode_sample_dict(sample: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
+    """Turn a sample dict into ``(key, {field: bytes})``.
+
+    ``__key__`` is required; other keys starting with ``__`` (``__url__``, ...)
+    are metadata and are not written. Values are encoded by the codec of the
+    field's last extension (see :mod:`shardflow.codecs`).
+
+    Raises:
+        SampleError: no ``__key__``, an invalid key or field name, a None value,
+            no fields, or a value no codec can encode.
+    """
+    if "__key__" not in sample:
+        raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
+    key = check_key(sample["__key__"])
+    fields: dict[str, bytes] = {}
+    for name, value in sample.items():
+        if name.startswith("__"):
+            continue
+        check_field(key, name)
+        if value is None:
+            raise SampleError(f"sample {key!r}: field {name!r} is None")
+        fields[name] = encode_field(key, name, value)
+    if not fields:
+        raise SampleError(f"sample {key!r} has no fields")
+    return key, fields
+
+
+class ShardFile:
+    """One shard being written: tar bytes, sha256 and the offset index.
+
+    Use as a context manager; the shard appears at ``url`` only if the block
+    exits without an exception. :attr:`info` is set after a clean exit.
+
+    Args:
+        url: final shard URL (local path or fsspec URL).
+        index_url: where to write the offset index ``.npy``, or None.
+        options: storage options for fsspec.
+    """
+
+    def __init__(self, url: str, index_url: str | None = None, options: storage.IOOptions | None = None) -> None:
+        self.url = url
+        self.index_url = index_url
+        self.options = options or storage.IOOptions()
+        self.offsets: list[int] = []
+        self.keys: set[str] = set()
+        self.fields: set[str] = set()
+        self.size = 0
+        self.info: ShardInfo | None = None
+        self._sha = hashlib.sha256()
+        self._stack = ExitStack()
+        self._out: BinaryIO | None = None
+
+    def __enter__(self) -> ShardFile:
+        self._out = self._stack.enter_context(storage.open_output(self.url, self.options))
+        return self
+
+    def write(self, key: str, fields: Mapping[str, bytes]) -> int:
+        """Append one encoded sample; returns its size in bytes.
+
+        Raises:
+            SampleError: the key was already written to this shard.
+        """
+        if key in self.keys:
+            raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
+        self.keys.add(key)
+        data = encode_sample(key, dict(fields))
+        self.offsets.append(self.size)
+        self._write(data)
+        self.fields.update(fields)
+        return len(data)
+
+    def _write(self, data: bytes) -> None:
+        if self._out is None:
+            raise ValueError(f"{self.url}: ShardFile written outside its with-block")
+        self._out.write(data)
+        self._sha.update(data)
+        self.size += len(data)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            end = self.size
+            self._write(END_OF_ARCHIVE)
+        try:
+            self._stack.__exit__(exc_type, exc, tb)
+        finally:
+            self._out = None
+        if exc_type is not None:
+            return
+        index_rel = None
+        if self.index_url is not None:
+            with storage.open_output(self.index_url, self.options) as f:
+                f.write(encode_offsets([*self.offsets, end]))
+            index_rel = posixpath.basename(self.index_url)
+        self.info = ShardInfo(
+            url=posixpath.basename(self.url),
+            samples=len(self.offsets),
+            bytes=self.size,
+            sha256=self._sha.hexdigest(),
+            index=index_rel,
+        )
+
+
+def write_manifest(url: str, manifest: Manifest, options: storage.IOOptions | None = None) -> None:
+    """Write a manifest atomically (temporary name, then rename)."""
+    with storage.open_output(url, options or storage.IOOptions()) as f:
+        f.write(manifest.dumps())
+
+
+class ShardWriter:
+    """Write samples into numbered tar shards plus a ``shardflow.json`` manifest.
+
+    Example::
+
+        with shardflow.ShardWriter("out/train-%06d.tar", max_count=1000) as sink:
+            sink.write({"__key__": "cat/0001", "jpg": jpeg_bytes, "cls": 3})
+
+    Members of each sample are written adjacent and sorted by field, with
+    deterministic headers, so the same input gives byte-identical shards.
+
+    Args:
+        pattern: shard URL with one ``%d``-style placeholder for the shard
+            number, local (``out/train-%06d.tar``) or fsspec
+            (``s3://bucket/train-%06d.tar``).
+        max_count: most samples per shard.
+        max_bytes: shard size limit in bytes; a sample that would cross it
+            starts a new shard (a single larger sample gets a shard of its own).
+        start_shard: number of the first shard.
+        manifest: manifest URL; default ``shardflow.json`` beside the shards;
+            False writes none.
+        meta: the manifest's ``meta`` object.
+        index: write a per-shard offset index (``<shard>.idx.npy``).
+        storage_options: passed to fsspec for remote destinations.
+
+    Raises:
+        ValueError: bad ``pattern``, ``max_count`` or ``max_bytes``.
+        SampleError: from :meth:`write`, for an invalid sample.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        max_count: int = 10_000,
+        max_bytes: int = 1 << 30,
+        *,
+        start_shard: int = 0,
+        manifest: str | bool = True,
+        meta: Mapping[str, Any] | None = None,
+        index: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            pattern % 0
+        except TypeError:
+            raise ValueError(f"shard pattern {pattern!r} needs one %d-style placeholder, e.g. 'out/train-%06d.tar'") from None
+        if max_count < 1 or max_bytes < 1:
+            raise ValueError(f"max_count and max_bytes must be positive, got {max_count}, {max_bytes}")
+        self.pattern = pattern
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.options = storage.IOOptions(storage_options=dict(storage_options or {}))
+        self.index = index
+        folder = parent_url(pattern)
+        self.manifest_url: str | None
+        if manifest is True:
+            self.manifest_url = join_url(folder, MANIFEST_NAME)
+        else:
+            self.manifest_url = manifest or None
+        self.manifest = Manifest(shards=[], meta=dict(meta or {}))
+        self._next = start_shard
+        self._shard: ShardFile | None = None
+        self._closed = False
+        self.count = 0
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Encode and append one sample dict (``__key__`` plus fields).
+
+        Raises:
+            SampleError: invalid sample; nothing of it is written.
+            ValueError: the writer is closed.
+        """
+        if self._closed:
+            raise ValueError("write() on a closed ShardWriter")
+        key, fields = encode_sample_dict(sample)
+        self.write_encoded(key, fields)
+
+    def write_encoded(self, key: str, fields: Mapping[str, bytes]) -> None:
+        """Append one already encoded sample ``(key, {field: bytes})``."""
+        size = sum(512 + len(v) + 511 for v in fields.values())
+        shard = self._shard
+        if shard is not None and (len(shard.offsets) >= self.max_count or (shard.offsets and shard.size + size > self.max_bytes)):
+            self._finish_shard()
+            shard = None
+        if shard is None:
+            url = self.pattern % self._next
+            self._next += 1
+            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.options).__enter__()
+            self._shard = shard
+        shard.write(key, fields)
+        self.count += 1
+
+    def _finish_shard(self) -> None:
+        shard, self._shard = self._shard, None
+        if shard is None:
+            return
+        shard.__exit__(None, None, None)
+        self.manifest.shards.append(shard.info)  # type: ignore[arg-type]
+        self.manifest.fields.update(fields_of(shard.fields))
+        self._write_manifest()
+        log.debug("finished shard %s (%d samples, %d bytes)", shard.url, shard.info.samples, shard.info.bytes)
+
+    def _write_manifest(self) -> None:
+        if self.manifest_url:
+            write_manifest(self.manifest_url, self.manifest, self.options)
+
+    def close(self) -> Manifest:
+        """Finish the current shard and write the manifest; returns it."""
+        if not self._closed:
+            self._finish_shard()
+            self._write_manifest()
+            self._closed = True
+        return self.manifest
+
+    def abort(self) -> None:
+        """Drop the shard in progress (nothing appears at its name); finished shards stay listed."""
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            shard.__exit__(SampleError, SampleError("aborted"), None)
+        self._closed = True
+
+    def write_all(self, samples: Iterable[Mapping[str, Any]]) -> Manifest:
+        """Write every sample, then close."""
+        for s in samples:
+            self.write(s)
+        return self.close()
