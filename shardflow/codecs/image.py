@@ -1,0 +1,434 @@
+"""Image field codec: bytes of any image Pillow reads -> PIL image, numpy array or torch tensor.
+
+What comes out, whatever was stored:
+
+* ``mode="RGB"`` (the default) gives 3 channels of uint8. Every Pillow mode is brought there:
+  ``1`` -> 0/255; ``L`` replicated; palette images (``P``, ``PA``, with or without
+  transparency) expanded through their palette; ``CMYK`` converted by Pillow's plain formula
+  (no ICC colour management); ``YCbCr``, ``LAB``, ``HSV`` converted by Pillow.
+* **Alpha is dropped, not composited** (``RGBA``, ``LA``, ``PA``, palette transparency), the
+  same as torchvision's ``read_image(..., ImageReadMode.RGB)``. Ask for ``mode="RGBA"`` to keep it.
+* **High bit depths are scaled to 0..255 from the range the file declares**, never clipped
+  (Pillow's own ``convert`` clips 16-bit values at 255):
+
+  ============================  ===================================  ======================
+  stored as                     nominal range                        8-bit value
+  ============================  ===================================  ======================
+  16-bit grey (PNG, TIFF)       0..65535 (``I;16``, ``I;16B``)       ``v >> 8``
+  16-bit RGB/RGBA/LA PNG        0..65535                             ``v >> 8`` (Pillow)
+  12-bit grey TIFF              0..4095                              ``v >> 4``
+  16-bit grey PPM/PGM           0..maxval, rescaled by Pillow to     ``v >> 8``
+                                0..65535
+  signed 16-bit grey TIFF       0..32767, negatives -> 0             ``v >> 7``
+  unsigned 32-bit grey TIFF     0..2**32-1                           ``v >> 24``
+  signed 32-bit ``I`` (TIFF     0..2**31-1, negatives -> 0           ``v >> 23``
+  and any other ``I`` source)
+  32-bit float ``F``            0.0..1.0 (the PyTorch convention     ``floor(255 * v + .5)``
+                                for float images), clamped; NaN -> 0
+  ============================  ===================================  ======================
+
+* EXIF orientation (the EXIF 2.3 ``Orientation`` tag, or ``tiff:Orientation`` in XMP) is
+  applied by default, exactly as :func:`PIL.ImageOps.exif_transpose` does.
+* Multi-frame files (GIF, APNG, multi-page TIFF, animated WebP) give their first frame.
+
+Pixel limit and Pillow's global state. ``decode_image`` refuses an image whose header declares
+more than ``max_pixels`` pixels before any pixel is decoded. Pillow's own decompression-bomb
+guard reads the process-wide ``PIL.Image.MAX_IMAGE_PIXELS``; changing that (or installing a
+``warnings`` filter around ``Image.open``) would race with every other thread in the process.
+So this module never reads or writes it and never touches warning filters: it identifies the
+file through Pillow's public plugin registry (``Image.ID`` / ``Image.OPEN``, filled by
+``Image.register_open``) exactly as ``Image.open`` does, minus the global check, and applies
+its own per-call limit instead. Images above Pillow's threshold but under ``max_pixels`` thus
+decode with neither ``DecompressionBombWarning`` nor ``DecompressionBombError``. Limitation: a
+few plugins repeat Pillow's check internally (TIFF on loading a tile, WebP on opening, GIF
+frames that grow the canvas, MPO); there Pillow's global limit still applies, and an image
+refused by it raises :class:`~shardflow.errors.DecodeError` saying so. With the defaults the
+two limits agree (see :data:`DEFAULT_MAX_PIXELS`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from PIL import ExifTags, Image, ImageFile, ImageOps
+
+from shardflow.errors import DecodeError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "FORMS",
+    "IMAGE_EXTENSIONS",
+    "MODES",
+    "decode_image",
+    "encode_image",
+    "image_size",
+]
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    "jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif",
+)  # fmt: skip
+"""Field extensions decoded as images (lower case, no dot): common formats Pillow reads."""
+
+DEFAULT_MAX_PIXELS: int = 178_956_970
+"""Default pixel limit per image: ``2 * 89_478_485``, the size at which Pillow with its default
+``MAX_IMAGE_PIXELS`` raises ``DecompressionBombError``. As 3-channel uint8 that is 512 MiB."""
+
+FORMS: tuple[str, ...] = ("pil", "numpy", "torch")
+"""Values accepted for ``form``."""
+
+MODES: tuple[str, ...] = ("RGB", "RGBA", "L")
+"""Values accepted for ``mode``: output channels 3, 4 and 1."""
+
+# Extension -> (Pillow format, whether it stores alpha) for encode_image.
+_ENCODERS: dict[str, tuple[str, bool]] = {
+    "jpg": ("JPEG", False), "jpeg": ("JPEG", False), "png": ("PNG", True),
+    "webp": ("WEBP", True), "ppm": ("PPM", False), "pgm": ("PPM", False),
+    "pbm": ("PPM", False), "bmp": ("BMP", False), "tif": ("TIFF", True),
+    "tiff": ("TIFF", True), "gif": ("GIF", False),
+}  # fmt: skip
+
+# Exceptions with which a Pillow plugin says "not my format" while identifying a file
+# (the set Image.open skips over).
+_NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error)
+
+# Modes Pillow cannot convert straight to "L".
+_TO_L_VIA_RGB = frozenset({"LAB"})
+
+_ORIENTATION = ExifTags.Base.Orientation
+_TIFF_BITS_PER_SAMPLE = 258
+_TIFF_SAMPLE_FORMAT = 339  # 1 unsigned int, 2 signed int, 3 float
+
+
+def decode_image(
+    data: bytes,
+    form: str = "numpy",
+    *,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    exif_transpose: bool = True,
+    mode: str = "RGB",
+) -> Image.Image | np.ndarray | torch.Tensor:
+    """Decode one image field.
+
+    Args:
+        data: the encoded image (any format Pillow reads; see the module docstring for how each
+            pixel mode is mapped to 8 bits).
+        form: ``"pil"``: a loaded ``PIL.Image.Image`` in ``mode``; ``"numpy"``: a uint8 ndarray,
+            shape (H, W, C), C = 3, 4, 1 for ``mode`` RGB, RGBA, L; read-only, since it wraps
+            Pillow's output without a copy (as ``np.asarray(pil_image)`` does): ``.copy()`` it
+            to write in place.
+            ``"torch"``: a contiguous, writable uint8 tensor, shape (C, H, W).
+        max_pixels: refuse images with more than this many pixels (width * height, read from
+            the header before decoding); ``None`` for no limit. Per call: Pillow's global
+            ``MAX_IMAGE_PIXELS`` is neither read nor changed.
+        exif_transpose: apply the EXIF Orientation (default ``True``), as
+            :func:`PIL.ImageOps.exif_transpose`; the result's H and W are then the displayed
+            ones. ``False`` keeps the stored pixel order.
+        mode: ``"RGB"`` (default; alpha dropped), ``"RGBA"`` (opaque where the file has no
+            alpha) or ``"L"`` (grey, ITU-R 601-2 luma from colour as Pillow computes it).
+
+    Returns:
+        The image in the requested form.
+
+    Raises:
+        DecodeError: the bytes are not an image Pillow can identify, are truncated or corrupt,
+            carry unreadable EXIF while ``exif_transpose`` is on, or the image is larger than
+            ``max_pixels``. The underlying exception is chained as ``__cause__``.
+        ValueError: ``form``, ``mode`` or ``max_pixels`` is not one of the accepted values.
+        TypeError: ``data`` is not bytes-like.
+    """
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if max_pixels is not None and (not isinstance(max_pixels, int) or max_pixels <= 0):
+        raise ValueError(f"max_pixels must be a positive int or None, got {max_pixels!r}")
+
+    img = _open_header(data)
+    fmt = img.format
+    width, height = img.size
+    if max_pixels is not None and width * height > max_pixels:
+        raise DecodeError(
+            f"{fmt} image of {width}x{height} = {width * height} pixels exceeds "
+            f"max_pixels={max_pixels}; pass a larger max_pixels (or None) to decode it"
+        )
+    try:
+        img.load()
+    except Image.DecompressionBombError as e:
+        raise DecodeError(
+            f"{fmt} image of {width}x{height}: Pillow's own plugin refused it with its "
+            f"global PIL.Image.MAX_IMAGE_PIXELS limit ({e})"
+        ) from e
+    except Exception as e:  # Pillow plugins raise many types on corrupt data
+        raise DecodeError(
+            f"cannot decode {fmt} image of {width}x{height} "
+            f"({len(data)} bytes): {type(e).__name__}: {e}"
+        ) from e
+
+    # Read the sample depth now: transposing gives a plain Image without format or TIFF tags.
+    depth = _sample_depth(img)
+    if exif_transpose:
+        img = _apply_orientation(img)
+    try:
+        img = _convert(img, mode, depth)
+    except Exception as e:
+        raise DecodeError(
+            f"cannot convert {fmt} image of mode {img.mode} to {mode}: {e}"
+        ) from e
+
+    if form == "pil":
+        return img
+    array = np.asarray(img)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if form == "numpy":
+        return array
+    import torch  # lazily: only the torch form needs it
+
+    # One copy into CHW order, which also makes it writable (Pillow's array is read-only).
+    return torch.from_numpy(np.array(array.transpose(2, 0, 1), order="C"))
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """Read an image's size from its header, without decoding pixels.
+
+    Args:
+        data: the encoded image.
+
+    Returns:
+        ``(width, height)`` in pixels as stored, before any EXIF orientation (which can swap
+        them in :func:`decode_image`). No pixel limit is applied.
+
+    Raises:
+        DecodeError: the header is not one Pillow can identify.
+        TypeError: ``data`` is not bytes-like.
+    """
+    return _open_header(data).size
+
+
+def encode_image(array_or_pil: Any, ext: str, quality: int = 95) -> bytes:
+    """Encode an image for writing into a shard (used by converters).
+
+    Args:
+        array_or_pil: a uint8 ndarray of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4)
+            (grey, RGB, RGBA); a uint8 tensor of shape (C, H, W) with C in 1, 3, 4, or (H, W)
+            (moved to the CPU if needed); or a ``PIL.Image.Image`` of any mode.
+        ext: one of :data:`IMAGE_EXTENSIONS`, case-insensitive, without the dot. ``png``,
+            ``tif``/``tiff``, ``bmp`` and ``ppm``/``pgm``/``pbm`` are lossless (they decode back
+            to the same values; the PPM family picks P4/P5/P6 from the mode, whatever the
+            extension); ``jpg``/``jpeg`` and ``webp`` are lossy; ``gif`` is lossless up to 256
+            colours and quantised beyond.
+        quality: JPEG/WebP quality, 1..100; ignored by the other formats.
+
+    Returns:
+        The encoded bytes.
+
+    Raises:
+        ValueError: unknown ``ext``; an array or tensor that is not uint8 or has an unsupported
+            shape; an image with alpha for a format that cannot store it (only ``png``,
+            ``webp`` and ``tif``/``tiff`` can; ``gif`` keeps palette transparency), or a mode
+            the format cannot store. Nothing is dropped silently.
+        TypeError: ``array_or_pil`` is none of the accepted types.
+    """
+    ext = ext.lower()
+    if ext not in _ENCODERS:
+        raise ValueError(f"cannot encode images as {ext!r}; known extensions: {IMAGE_EXTENSIONS}")
+    fmt, keeps_alpha = _ENCODERS[ext]
+    img = _as_pil(array_or_pil)
+    if fmt == "GIF":
+        keeps_alpha = img.mode == "P"
+    if _has_alpha(img) and not keeps_alpha:
+        raise ValueError(
+            f"{ext} cannot store the alpha of a mode {img.mode} image; "
+            "drop it or encode as png, webp or tiff"
+        )
+    options: dict[str, Any] = {}
+    if fmt in ("JPEG", "WEBP"):
+        options["quality"] = quality
+    if fmt == "JPEG":
+        if _is_high_bit(img.mode):
+            img = _convert(img, "L", _sample_depth(img))
+        elif img.mode not in ("1", "L", "RGB", "CMYK"):
+            img = img.convert("RGB")
+    out = io.BytesIO()
+    try:
+        img.save(out, fmt, **options)
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"cannot encode a mode {img.mode} image as {ext}: {e}") from e
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding steps
+
+
+def _open_header(data: bytes) -> ImageFile.ImageFile:
+    """Identify ``data`` and read its header, as ``Image.open`` does minus the global bomb check.
+
+    Only Pillow's public registry is used (``Image.preinit``/``init`` fill ``Image.ID`` and
+    ``Image.OPEN``); nothing global is changed beyond Pillow loading its plugins.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"image data must be bytes-like, got {type(data).__name__}")
+    fp = io.BytesIO(data)
+    prefix = fp.read(16)
+    Image.preinit()
+    tried = list(Image.ID)
+    try:
+        img = _identify(fp, prefix, tried)
+        if img is None:
+            Image.init()  # load every plugin, then try the ones not tried yet
+            img = _identify(fp, prefix, [f for f in Image.ID if f not in tried])
+    except Image.DecompressionBombError as e:
+        raise DecodeError(
+            f"image header refused by a Pillow plugin under its global "
+            f"PIL.Image.MAX_IMAGE_PIXELS limit: {e}"
+        ) from e
+    except Exception as e:  # a plugin recognised the format but the header is corrupt
+        raise DecodeError(
+            f"cannot read image header ({len(data)} bytes): {type(e).__name__}: {e}"
+        ) from e
+    if img is None:
+        raise DecodeError(
+            f"not an image format Pillow can read ({len(data)} bytes starting {prefix[:8]!r})"
+        )
+    return img
+
+
+def _identify(fp: io.BytesIO, prefix: bytes, formats: list[str]) -> ImageFile.ImageFile | None:
+    for fmt in formats:
+        factory, accept = Image.OPEN[fmt]
+        # accept() returns a str to explain a recognised but unsupported variant: skip, as
+        # Image.open does.
+        if accept is not None and (not (ok := accept(prefix)) or isinstance(ok, str)):
+            continue
+        fp.seek(0)
+        try:
+            return factory(fp, "")
+        except _NOT_THIS_FORMAT:
+            continue
+    return None
+
+
+def _apply_orientation(img: Image.Image) -> Image.Image:
+    try:
+        orientation = img.getexif().get(_ORIENTATION, 1)
+    except Exception as e:
+        raise DecodeError(
+            f"unreadable EXIF in {img.format} image ({type(e).__name__}: {e}); "
+            "pass exif_transpose=False to decode it without orientation"
+        ) from e
+    if orientation in (2, 3, 4, 5, 6, 7, 8):
+        return ImageOps.exif_transpose(img)
+    return img
+
+
+def _is_high_bit(img_mode: str) -> bool:
+    return img_mode in ("I", "F") or img_mode.startswith("I;16")
+
+
+def _convert(img: Image.Image, mode: str, depth: tuple[int, bool] | None) -> Image.Image:
+    """Bring a loaded image to ``mode``; ``depth`` as from :func:`_sample_depth` for ``I`` modes."""
+    if img.mode == mode:
+        return img
+    if img.mode == "F":
+        img = _float_to_8bit(img)
+    elif depth is not None:
+        img = _int_to_8bit(img, depth)
+    elif img.mode == "P" and mode != "RGBA" and "transparency" in img.info:
+        # Alpha is dropped anyway; without this Pillow warns on every bytes-transparency image.
+        del img.info["transparency"]
+    if img.mode == mode:
+        return img
+    if mode == "L" and img.mode in _TO_L_VIA_RGB:
+        img = img.convert("RGB")
+    return img.convert(mode)
+
+
+def _float_to_8bit(img: Image.Image) -> Image.Image:
+    """Mode ``F`` (nominal range 0.0..1.0) to mode ``L``: clamp, NaN -> 0, round half up."""
+    values = np.nan_to_num(np.clip(np.asarray(img), 0.0, 1.0), nan=0.0)
+    return Image.fromarray(np.floor(values * 255.0 + 0.5).astype(np.uint8))
+
+
+def _int_to_8bit(img: Image.Image, depth: tuple[int, bool]) -> Image.Image:
+    """Mode ``I;16*`` or ``I`` to mode ``L`` by keeping the top 8 bits of the stored range.
+
+    ``depth`` is ``(bits, signed)`` of the stored samples; negative values become 0.
+    """
+    values = np.asarray(img)
+    bits, signed = depth
+    if signed:
+        values = np.maximum(values, 0)
+        bits -= 1
+    elif bits == 32:
+        values = values.view(np.uint32)  # stored unsigned, read by Pillow into int32
+    shifted = values >> max(bits - 8, 0)
+    return Image.fromarray(np.minimum(shifted, 255).astype(np.uint8))
+
+
+def _sample_depth(img: Image.Image) -> tuple[int, bool] | None:
+    """``(bits, signed)`` of the stored grey samples of an ``I;16*`` or ``I`` image, else None.
+
+    TIFF says so in its BitsPerSample and SampleFormat tags; Pillow rescales PPM/PGM samples
+    to 16 bits and opens 16-bit PNG as ``I;16``; any other ``I`` is taken as signed 32-bit.
+    """
+    if img.mode != "I" and not img.mode.startswith("I;16"):
+        return None
+    if img.format == "TIFF":
+        tags = img.tag_v2  # type: ignore[attr-defined]
+        bits = tags.get(_TIFF_BITS_PER_SAMPLE, 16 if img.mode.startswith("I;16") else 32)
+        sample_format = tags.get(_TIFF_SAMPLE_FORMAT, 1)
+        bits = bits[0] if isinstance(bits, tuple) else bits
+        sample_format = sample_format[0] if isinstance(sample_format, tuple) else sample_format
+        return int(bits), sample_format == 2
+    if img.mode.startswith("I;16") or img.format == "PPM":
+        return 16, False
+    return 32, True
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding helpers
+
+
+def _as_pil(obj: Any) -> Image.Image:
+    if isinstance(obj, Image.Image):
+        return obj
+    torch = sys.modules.get("torch")  # a tensor implies torch is already imported
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.dtype != torch.uint8:
+            raise ValueError(f"image tensor must be uint8, got {obj.dtype}")
+        if obj.ndim == 3:
+            if obj.shape[0] not in (1, 3, 4):
+                raise ValueError(
+                    f"image tensor must have shape (C, H, W) with C in 1, 3, 4 or (H, W), "
+                    f"got {tuple(obj.shape)}"
+                )
+            obj = obj.permute(1, 2, 0)
+        obj = obj.detach().cpu().numpy()
+    if not isinstance(obj, np.ndarray):
+        raise TypeError(
+            f"expected a uint8 ndarray, a uint8 tensor or a PIL image, got {type(obj).__name__}"
+        )
+    if obj.dtype != np.uint8:
+        raise ValueError(f"image array must be uint8, got {obj.dtype}")
+    if obj.ndim == 3 and obj.shape[2] == 1:
+        obj = obj[:, :, 0]
+    if not (obj.ndim == 2 or (obj.ndim == 3 and obj.shape[2] in (3, 4))):
+        raise ValueError(
+            f"image array must have shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), "
+            f"got {obj.shape}"
+        )
+    return Image.fromarray(np.ascontiguousarray(obj))
+
+
+def _has_alpha(img: Image.Image) -> bool:
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        img.mode == "P" and "transparency" in img.info
+    )
