@@ -1,0 +1,52 @@
+"""``shardflow convert KIND SRC DST``: one sub-command per converter.
+
+Each converter module ``shardflow.convert.<kind>`` exposes
+``register_cli(subparsers)``, which adds its sub-command and handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+KINDS = ("imagefolder", "pyg", "arrays", "lines")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("convert", help="convert an image folder, a PyG dataset, arrays or text lines into shards")
+    kinds = parser.add_subparsers(dest="kind", metavar="KIND")
+    kinds.required = True
+    for kind in KINDS:
+        try:
+            module = importlib.import_module(f"shardflow.convert.{kind}")
+        except ModuleNotFoundError as e:
+            if e.name != f"shardflow.convert.{kind}":
+                raise
+            continue
+        module.register_cli(kinds)
+
+
+def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int = 10_000) -> None:
+    """Options every converter shares: shard size, workers, resume, storage."""
+    parser.add_argument("--max-count", type=int, default=max_count, help=f"samples per shard (default {max_count})")
+    parser.add_argument("--prefix", default="train", help="shard name prefix: PREFIX-000000.tar (default train)")
+    parser.add_argument("--workers", type=int, default=None, help="writer processes (default: number of CPUs)")
+    parser.add_argument("--no-resume", action="store_true", help="rewrite every shard instead of keeping finished ones")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec storage option for a remote DST (repeatable)",
+    )
+
+
+def storage_options(pairs: list[str]) -> dict[str, str]:
+    """Parse repeated ``KEY=VALUE`` options."""
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise ValueError(f"--storage-option needs KEY=VALUE, got {p!r}")
+        out[k] = v
+    return out
