@@ -315,9 +315,7 @@ def decode(samples: Iterator[Sample | None], options: DecodeOptions, policy: Err
                 if not name.startswith("__"):
                     s[name] = decode_field(name, value, options)
         except DecodeError as e:
-            policy.handle(
-                DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason="decode")
-            )
+            policy.handle(DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason))
             yield None
             continue
         yield s

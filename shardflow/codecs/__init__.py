@@ -140,8 +140,8 @@ def decode_field(field: str, data: bytes, options: DecodeOptions) -> Any:
         return data
     try:
         return decode(data, options)
-    except DecodeError:
-        raise
+    except DecodeError as e:
+        raise DecodeError(f"field {field!r}: {e}", reason=e.reason) from e
     except Exception as e:
         raise DecodeError(f"field {field!r}: {type(e).__name__}: {e}") from e
 
