@@ -149,15 +149,21 @@ def read_planned(
     np.maximum.at(last, seg_of, smp_of)
     iters: dict[int, Iterator[Any]] = {}
     dead: set[int] = set()
-    read_segment = plan.read_segment
-    read_sample = plan.read_sample
+    lo, hi = int(positions[0]), int(positions[-1]) + 1
+    # plain lists: indexing numpy arrays element by element is several times slower
+    read_segment = plan.read_segment[lo:hi].tolist()
+    read_sample = plan.read_sample[lo:hi].tolist()
+    wanted = needed[lo:hi].tolist()
+    first_l, last_l = first.tolist(), last.tolist()
+    urls = source.urls
     try:
-        for pos in range(int(positions[0]), int(positions[-1]) + 1):
-            s = int(read_segment[pos])
-            i = int(read_sample[pos])
-            if i < first[s] or i > last[s]:
+        for rel in range(hi - lo):
+            pos = lo + rel
+            s = read_segment[rel]
+            i = read_sample[rel]
+            if i < first_l[s] or i > last_l[s]:
                 continue
-            want = bool(needed[pos])
+            want = wanted[rel]
             if s in dead:
                 if want:
                     policy.stats["lost_samples"] += 1
@@ -168,7 +174,7 @@ def read_planned(
             it = iters.get(s)
             try:
                 if it is None:
-                    it = iters[s] = _open_segment(source, seg.shard, int(first[s]), int(last[s]) + 1, offsets(seg.shard), io)
+                    it = iters[s] = _open_segment(source, seg.shard, first_l[s], last_l[s] + 1, offsets(seg.shard), io)
                 item = next(it, None)
                 if item is None:
                     raise TruncatedShardError(
@@ -186,12 +192,12 @@ def read_planned(
                     policy.stats["skipped"] += 1
                     yield pos, None
                 continue
-            if i == last[s]:
+            if i == last_l[s]:
                 _close(iters.pop(s, None))
             if not want:
                 continue
             key, _, fields = item
-            url = source.urls[seg.shard]
+            url = urls[seg.shard]
             if isinstance(fields, SampleError):
                 policy.handle(fields)
                 yield pos, None

@@ -74,33 +74,23 @@ def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
     return out
 
 
-class _Chunks:
-    """A byte buffer refilled from an iterator of chunks, with an absolute offset."""
+def _refill(it: Iterator[bytes], buf: bytes, pos: int, base: int, need: int) -> tuple[bytes, int, bool]:
+    """Return ``(buf, base, ok)`` with ``need`` bytes from ``buf[pos:]`` on, reading more chunks.
 
-    __slots__ = ("it", "buf", "pos", "base")
-
-    def __init__(self, chunks: Iterable[bytes], base: int) -> None:
-        self.it = iter(chunks)
-        self.buf = b""
-        self.pos = 0
-        self.base = base  # absolute offset of buf[0]
-
-    def fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at ``pos``; False at end of stream."""
-        have = len(self.buf) - self.pos
-        parts = [self.buf[self.pos :]] if have else []
-        self.base += self.pos
-        while have < need:
-            chunk = next(self.it, None)
-            if chunk is None:
-                self.buf = b"".join(parts)
-                self.pos = 0
-                return False
+    The returned buffer starts at the old ``pos`` (absolute offset ``base``);
+    ``ok`` is False when the stream ended first.
+    """
+    have = len(buf) - pos
+    parts = [buf[pos:]] if have else []
+    base += pos
+    while have < need:
+        chunk = next(it, None)
+        if chunk is None:
+            return b"".join(parts), base, False
+        if chunk:
             parts.append(chunk)
             have += len(chunk)
-        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)
-        self.pos = 0
-        return True
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), base, True
 
 
 def iter_members(
@@ -125,55 +115,82 @@ def iter_members(
             is empty (0 bytes) when read from offset 0.
         ShardFormatError: a header checksum or field is invalid.
     """
-    src = _Chunks(chunks, start)
+    it = iter(chunks)
+    buf = b""
+    pos = 0
+    base = start  # absolute offset of buf[0]
     long_name: str | None = None
     pax: dict[str, str] = {}
     global_pax: dict[str, str] = {}
     first_offset: int | None = None
     empty = True
+    stop = end if end is not None else -1
     while True:
-        offset = src.base + src.pos
-        if end is not None and offset >= end:
+        offset = base + pos
+        if offset == stop:
             return
-        if len(src.buf) - src.pos < BLOCK and not src.fill(BLOCK):
-            remaining = len(src.buf) - src.pos
-            if remaining == 0 and not empty and first_offset is None:
-                return  # ended on a member boundary without an end-of-archive marker
-            if remaining == 0 and start == 0 and empty:
-                raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
-            raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
+        if len(buf) - pos < BLOCK:
+            buf, base, ok = _refill(it, buf, pos, base, BLOCK)
+            pos = 0
+            if not ok:
+                if not buf and not empty and first_offset is None:
+                    return  # ended on a member boundary without an end-of-archive marker
+                if not buf and start == 0 and empty:
+                    raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
+                raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
         empty = False
-        pos = src.pos
-        buf = src.buf
         header = buf[pos : pos + BLOCK]
-        if header == _ZERO_BLOCK:
+        if header[0] == 0 and header == _ZERO_BLOCK:
             if first_offset is not None:
                 raise TruncatedShardError(f"{url}: end-of-archive marker at byte {offset} right after an extended header")
             return
-        stored = _octal(header[148:156], url, offset, "checksum")
-        computed = sum(header) - sum(header[148:156]) + 256
+        chk = header[148:156]
+        computed = sum(header) - sum(chk) + 256
+        try:
+            stored = int(chk.strip(b" \0") or b"0", 8)
+        except ValueError:
+            stored = _octal(chk, url, offset, "checksum")
         if stored != computed and stored != _signed_checksum(header):
             raise ShardFormatError(
                 f"{url}: bad tar header checksum at byte {offset} (stored {stored}, computed {computed}); "
                 "the shard is corrupt or not a tar archive"
             )
-        size = _octal(header[124:136], url, offset, "size")
+        size_field = header[124:136]
+        if size_field[0] < 0x80:
+            try:
+                size = int(size_field.strip(b" \0") or b"0", 8)
+            except ValueError:
+                size = _octal(size_field, url, offset, "size")
+        else:
+            size = _octal(size_field, url, offset, "size")
         typeflag = header[156:157]
         padded = (size + BLOCK - 1) & ~(BLOCK - 1)
-        src.pos = pos + BLOCK
+        pos += BLOCK
         if first_offset is None:
             first_offset = offset
-        if len(src.buf) - src.pos < padded and not src.fill(padded):
-            raise TruncatedShardError(
-                f"{url}: truncated inside member {_header_name(header, long_name, pax)!r} "
-                f"(header at byte {offset}, {size} bytes expected)"
-            )
-        data = src.buf[src.pos : src.pos + size]
-        src.pos += padded
+        if len(buf) - pos < padded:
+            buf, base, ok = _refill(it, buf, pos, base, padded)
+            pos = 0
+            if not ok:
+                raise TruncatedShardError(
+                    f"{url}: truncated inside member {_header_name(header, long_name, pax)!r} "
+                    f"(header at byte {offset}, {size} bytes expected)"
+                )
+        data = buf[pos : pos + size]
+        pos += padded
         if typeflag in _REGULAR:
-            name = pax.get("path") or long_name or global_pax.get("path") or _ustar_name(header)
-            if "size" in pax:
-                raise ShardFormatError(f"{url}: PAX size override at byte {offset} is not supported")
+            if pax:
+                if "size" in pax:
+                    raise ShardFormatError(f"{url}: PAX size override at byte {offset} is not supported")
+                name = pax.get("path") or long_name or _ustar_name(header)
+            elif long_name is not None:
+                name = long_name
+            elif global_pax:
+                name = global_pax.get("path") or _ustar_name(header)
+            elif header[345] == 0:
+                name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            else:
+                name = _ustar_name(header)
             yield name, first_offset, data
         elif typeflag == b"L":
             long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
@@ -183,13 +200,12 @@ def iter_members(
             continue
         elif typeflag == b"g":
             global_pax = _pax_records(data, url, offset)
-        elif typeflag not in _SKIP_DATA and typeflag != b"K":
-            # unknown or vendor types (sparse files, volume labels): not samples
-            pass
-        if typeflag != b"K":
-            long_name = None
-            pax = {}
-            first_offset = None
+        elif typeflag == b"K":
+            continue  # GNU long link name: applies to the next header, not a sample
+        # directories, links, devices, fifos and vendor types are not samples
+        long_name = None
+        pax = {}
+        first_offset = None
 
 
 def _signed_checksum(header: bytes) -> int:
@@ -251,10 +267,15 @@ def iter_samples(
     sample_offset = start
     count = 0
     for name, offset, data in iter_members(chunks, url, start, end=end):
-        split = split_name(name)
-        if split is None:
+        # key/field split as in split_name(), inlined: this loop runs once per member
+        slash = name.rfind("/") + 1
+        dot = name.find(".", slash)
+        if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
             continue
-        k, field = split
+        k = name[:dot]
+        field = name[dot + 1 :]
+        if not field.islower() and field != field.lower():
+            field = field.lower()
         if k != key:
             if key is not None:
                 yield key, sample_offset, fields
