@@ -16,7 +16,7 @@ user/group names, mode 0644.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 
 from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .keys import split_name
@@ -26,6 +26,7 @@ __all__ = [
     "END_OF_ARCHIVE",
     "iter_members",
     "iter_samples",
+    "scan_shard",
     "encode_member",
     "encode_sample",
 ]
@@ -95,7 +96,7 @@ def _refill(it: Iterator[bytes], buf: bytes, pos: int, base: int, need: int) -> 
 
 def iter_members(
     chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None
-) -> Iterator[tuple[str, int, bytes]]:
+) -> Generator[tuple[str, int, bytes], None, int]:
     """Yield the regular-file members of a tar stream.
 
     Args:
@@ -109,6 +110,10 @@ def iter_members(
         ``(name, header_offset, data)``: the member path (PAX/GNU long names
         applied), the absolute offset of its first header block (the long-name
         headers included) and its bytes.
+
+    Returns:
+        (as the generator's return value) the offset where reading stopped: the
+        end-of-archive marker, ``end``, or the end of the stream.
 
     Raises:
         TruncatedShardError: the stream ends inside a header or member data, or
@@ -128,13 +133,13 @@ def iter_members(
     while True:
         offset = base + pos
         if offset == stop:
-            return
+            return offset
         if len(buf) - pos < BLOCK:
             buf, base, ok = _refill(it, buf, pos, base, BLOCK)
             pos = 0
             if not ok:
                 if not buf and not empty and first_offset is None:
-                    return  # ended on a member boundary without an end-of-archive marker
+                    return offset  # ended on a member boundary without an end-of-archive marker
                 if not buf and start == 0 and empty:
                     raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
                 raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
@@ -143,7 +148,7 @@ def iter_members(
         if header[0] == 0 and header == _ZERO_BLOCK:
             if first_offset is not None:
                 raise TruncatedShardError(f"{url}: end-of-archive marker at byte {offset} right after an extended header")
-            return
+            return offset
         chk = header[148:156]
         computed = sum(header) - sum(chk) + 256
         try:
@@ -308,6 +313,48 @@ def iter_samples(
         fields[field] = data
     if key is not None:
         yield key, sample_offset, fields
+
+
+def scan_shard(chunks: Iterable[bytes], url: str) -> tuple[list[str], list[int], dict[str, int]]:
+    """Scan a whole shard for its offset index.
+
+    Returns:
+        ``(keys, offsets, fields)``: sample keys in order; ``len(keys) + 1``
+        offsets (sample ``i`` spans ``[offsets[i], offsets[i+1])``, the last
+        entry is where the end-of-archive marker or the stream's end is); and
+        how many samples carry each field.
+
+    Raises:
+        SampleError: members of a sample are not adjacent, or a field repeats.
+        TruncatedShardError, ShardFormatError: see :func:`iter_members`.
+    """
+    keys: list[str] = []
+    offsets: list[int] = []
+    fields: dict[str, int] = {}
+    seen: set[str] = set()
+    current: set[str] = set()
+    gen = iter_members(chunks, url, 0)
+    while True:
+        try:
+            name, offset, _ = next(gen)
+        except StopIteration as stop:
+            offsets.append(stop.value)
+            return keys, offsets, fields
+        split = split_name(name)
+        if split is None:
+            continue
+        key, field = split
+        if not keys or keys[-1] != key:
+            if key in seen:
+                raise SampleError(f"{url}: key {key!r} reappears at byte {offset} after its sample was closed", reason="non_adjacent")
+            seen.add(key)
+            keys.append(key)
+            offsets.append(offset)
+            current = set()
+        if field in current:
+            raise SampleError(f"{url}: sample {key!r} has the field {field!r} twice", reason="duplicate_field")
+        current.add(field)
+        fields[field] = fields.get(field, 0) + 1
 
 
 # ---------------------------------------------------------------- writing

@@ -1,0 +1,64 @@
+"""`shardflow index`: manifests for foreign shards give them exact splits and seeking."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+import shardflow
+from shardflow.cli import main
+from shardflow.errors import SampleError
+from shardflow.format.tar import END_OF_ARCHIVE, encode_member
+
+
+def wds_shards(folder, n=20, per=7):
+    with wds.ShardWriter(str(folder / "w-%06d.tar"), maxcount=per, verbose=0) as w:
+        for i in range(n):
+            w.write({"__key__": f"{i:04d}", "cls": i, "txt": f"sample {i}"})
+    return sorted(str(p) for p in folder.glob("w-*.tar"))
+
+
+def test_index_webdataset_shards_gives_exact_splits(tmp_path, capsys):
+    urls = wds_shards(tmp_path)
+    assert main(["index", str(tmp_path / "w-{000000..000002}.tar")]) == 0
+    assert "indexed 3 shards, 20 samples" in capsys.readouterr().out
+    m = json.loads((tmp_path / "shardflow.json").read_text())
+    assert [s["samples"] for s in m["shards"]] == [7, 7, 6]
+    assert m["fields"] == {"cls": "cls", "txt": "txt"}
+    offsets = np.load(tmp_path / "w-000001.tar.idx.npy")
+    assert offsets.shape == (8,) and offsets[0] == 0
+    # rank 1 of 2 starts inside shard 1 (sample 10) by seeking with the offset index
+    got = [[s["cls"] for s in shardflow.ShardDataset(str(tmp_path), rank=r, world_size=2)] for r in (0, 1)]
+    assert got == [list(range(10)), list(range(10, 20))]
+    # every offset points at the sample it claims
+    for url in urls:
+        offs = np.load(url + ".idx.npy")
+        data = open(url, "rb").read()
+        for i in range(len(offs) - 1):
+            from shardflow.format.tar import iter_samples
+
+            (k, _, _), = list(iter_samples([data[offs[i] : offs[i + 1]]], url, int(offs[i]), end=int(offs[i + 1])))
+            assert k.isdigit()
+
+
+def test_index_gzip_shard_has_no_offsets(tmp_path):
+    raw = b"".join(encode_member(f"{i:03d}.txt", b"x" * i) for i in range(5)) + END_OF_ARCHIVE
+    (tmp_path / "g.tar.gz").write_bytes(gzip.compress(raw))
+    from shardflow.indexing import index_shards
+
+    m = index_shards([str(tmp_path / "g.tar.gz")])
+    assert m.shards[0].samples == 5 and m.shards[0].index is None
+    assert [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path), decode=None)] == ["000", "001", "002", "003", "004"]
+
+
+def test_index_refuses_non_adjacent_shards(tmp_path):
+    (tmp_path / "bad.tar").write_bytes(
+        b"".join(encode_member(n, b"1") for n in ["000000.a", "000001.a", "000000.b"]) + END_OF_ARCHIVE
+    )
+    with pytest.raises(SampleError, match="000000"):
+        from shardflow.indexing import index_shards
+
+        index_shards([str(tmp_path / "bad.tar")])
+    assert not (tmp_path / "shardflow.json").exists()
