@@ -122,6 +122,8 @@ def read_planned(
     io: storage.IOOptions,
     policy: ErrorPolicy,
     offsets: Callable[[int], np.ndarray | None],
+    expand: int = 1,
+    prepare: Callable[[Sample], list[Any] | None] | None = None,
 ) -> Iterator[tuple[int, Sample | None]]:
     """Read the needed positions of a rank's plan, in read order.
 
@@ -132,10 +134,15 @@ def read_planned(
         io: storage options.
         policy: error policy (shard errors drop the shard's remaining samples).
         offsets: ``offsets(shard)`` returns the shard's offset index or None.
+        expand: items per stored sample (one-to-many samples): the plan counts
+            items, item ``i`` of a shard comes from sample ``i // expand``.
+        prepare: with ``expand > 1``, turns one raw sample into its
+            ``expand`` items (or None when the sample was dropped); each
+            sample is read and prepared once.
 
     Yields:
-        ``(position, sample)`` for every needed position, in read order;
-        ``sample`` is None when it was dropped.
+        ``(position, item)`` for every needed position, in read order;
+        ``item`` is None when it was dropped.
     """
     positions = np.flatnonzero(needed)
     if positions.size == 0:
@@ -156,6 +163,8 @@ def read_planned(
     wanted = needed[lo:hi].tolist()
     first_l, last_l = first.tolist(), last.tolist()
     urls = source.urls
+    k = expand
+    cached: dict[int, tuple[int, list[Any] | None]] = {}  # segment -> (sample index, its items)
     try:
         for rel in range(hi - lo):
             pos = lo + rel
@@ -163,6 +172,15 @@ def read_planned(
             i = read_sample[rel]
             if i < first_l[s] or i > last_l[s]:
                 continue
+            if k > 1:
+                hit = cached.get(s)
+                if hit is not None and hit[0] == i // k:
+                    if i == last_l[s]:
+                        cached.pop(s, None)
+                    if wanted[rel]:
+                        items = hit[1]
+                        yield pos, (items[i % k] if items is not None else None)
+                    continue
             want = wanted[rel]
             if s in dead:
                 if want:
@@ -174,11 +192,11 @@ def read_planned(
             it = iters.get(s)
             try:
                 if it is None:
-                    it = iters[s] = _open_segment(source, seg.shard, first_l[s], last_l[s] + 1, offsets(seg.shard), io)
+                    it = iters[s] = _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
                 item = next(it, None)
                 if item is None:
                     raise TruncatedShardError(
-                        f"{source.urls[seg.shard]}: shard ended before sample {i}; the manifest lists "
+                        f"{source.urls[seg.shard]}: shard ended before sample {i // k}; the manifest lists "
                         f"{source.counts[seg.shard] if source.counts is not None else '?'} samples"
                     )
             except ShardflowError as e:
@@ -192,8 +210,22 @@ def read_planned(
                     policy.stats["skipped"] += 1
                     yield pos, None
                 continue
-            if i == last_l[s]:
+            if i // k == last_l[s] // k:
                 _close(iters.pop(s, None))
+            if k > 1:
+                key, _, fields = item
+                items: list[Any] | None = None
+                if isinstance(fields, SampleError):
+                    policy.handle(fields)
+                else:
+                    raw_sample: Sample = {"__key__": key, "__url__": urls[seg.shard]}
+                    raw_sample.update(fields)
+                    items = prepare(raw_sample) if prepare is not None else None
+                if i != last_l[s]:
+                    cached[s] = (i // k, items)
+                if want:
+                    yield pos, (items[i % k] if items is not None else None)
+                continue
             if not want:
                 continue
             key, _, fields = item
@@ -256,6 +288,16 @@ def read_shards(
             it.close()
 
 
+def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], list[Any] | None], k: int) -> Iterator[Any]:
+    """Replace each sample by its ``k`` prepared items (``k`` Nones when it was dropped)."""
+    for s in samples:
+        items = prepare(s) if s is not None else None
+        if items is None:
+            yield from [None] * k
+        else:
+            yield from items
+
+
 def stream_shuffle(items: Iterator[Sample | None], buffer: int, seed: int) -> Iterator[Sample | None]:
     """Shuffle a stream of unknown length through a buffer (same rule as
     :func:`shardflow.plan.buffer_shuffle_order`)."""
@@ -277,54 +319,54 @@ def stream_shuffle(items: Iterator[Sample | None], buffer: int, seed: int) -> It
     yield from buf
 
 
+def _wanted(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
+    return [(f.split(";")[0], f.split(";")) for f in fields]
+
+
+def select_one(s: Sample, wanted: list[tuple[str, list[str]]], policy: ErrorPolicy) -> Sample | None:
+    """One sample of :func:`select_fields`."""
+    out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
+    for name, alternatives in wanted:
+        for alt in alternatives:
+            if alt in s:
+                out[name] = s[alt]
+                break
+        else:
+            present = sorted(k for k in s if not k.startswith("__"))
+            policy.handle(
+                MissingFieldError(f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})")
+            )
+            return None
+    return out
+
+
 def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], policy: ErrorPolicy) -> Iterator[Sample | None]:
     """Keep ``__key__``, ``__url__`` and the requested fields; a missing one is an error.
 
     A requested name may list alternatives separated by ``;`` (``"jpg;png"``):
     the first present is kept under the first name.
     """
-    wanted = [(f.split(";")[0], f.split(";")) for f in fields]
+    wanted = _wanted(fields)
     for s in samples:
-        if s is None:
-            yield None
-            continue
-        out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
-        missing = None
-        for name, alternatives in wanted:
-            for alt in alternatives:
-                if alt in s:
-                    out[name] = s[alt]
-                    break
-            else:
-                missing = name
-                break
-        if missing is not None:
-            present = sorted(k for k in s if not k.startswith("__"))
-            policy.handle(
-                MissingFieldError(
-                    f"{s['__url__']}: sample {s['__key__']!r} has no field {missing!r} (fields present: {present})"
-                )
-            )
-            yield None
-            continue
-        yield out
+        yield None if s is None else select_one(s, wanted, policy)
+
+
+def decode_one(s: Sample, options: DecodeOptions, policy: ErrorPolicy) -> Sample | None:
+    """One sample of :func:`decode`."""
+    try:
+        for name, value in s.items():
+            if not name.startswith("__"):
+                s[name] = decode_field(name, value, options)
+    except DecodeError as e:
+        policy.handle(DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason))
+        return None
+    return s
 
 
 def decode(samples: Iterator[Sample | None], options: DecodeOptions, policy: ErrorPolicy) -> Iterator[Sample | None]:
     """Decode every field by its extension (see :mod:`shardflow.codecs`)."""
     for s in samples:
-        if s is None:
-            yield None
-            continue
-        try:
-            for name, value in s.items():
-                if not name.startswith("__"):
-                    s[name] = decode_field(name, value, options)
-        except DecodeError as e:
-            policy.handle(DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason))
-            yield None
-            continue
-        yield s
+        yield None if s is None else decode_one(s, options, policy)
 
 
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:
