@@ -17,7 +17,8 @@ from torch.utils.data import IterableDataset
 
 from . import stages, storage
 from .codecs import DecodeOptions
-from .errors import MissingFieldError, ShardflowError, StateError
+from .errors import MissingFieldError, SampleError, ShardflowError, StateError
+from .expand import Expand
 from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized, worker_batches
 from .source import Source, resolve_source
 from .world import World, stable_seed
@@ -121,6 +122,9 @@ class ShardDataset(IterableDataset):
         storage_options: passed to fsspec (credentials, endpoint, ...).
         io: retries, read-ahead and cache; a :class:`~shardflow.storage.IOOptions`.
         max_pixels: image decompression-bomb limit in pixels (per dataset).
+        expand: one-to-many samples (:mod:`shardflow.expand`): each stored
+            sample becomes ``expand.count`` items before the shuffle buffer;
+            lengths, splits and resumption count items.
 
     Raises:
         FileNotFoundError: the source lists no shard.
@@ -147,6 +151,7 @@ class ShardDataset(IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         io: storage.IOOptions | None = None,
         max_pixels: int | None = None,
+        expand: Expand | None = None,
     ) -> None:
         super().__init__()
         if io is None:
@@ -177,6 +182,9 @@ class ShardDataset(IterableDataset):
         if isinstance(fields, str):
             raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")
         self.transform = transform
+        if expand is not None and not isinstance(expand, Expand):
+            raise TypeError(f"expand must be a shardflow.expand.Expand, got {type(expand).__name__}")
+        self.expand = expand
         self.on_error = on_error
         stages.ErrorPolicy(on_error)  # validates
         self._split = SplitConfig(partial=partial, samples_per_epoch=samples_per_epoch)  # type: ignore[arg-type]
@@ -237,6 +245,13 @@ class ShardDataset(IterableDataset):
             samples_per_epoch=self._split.samples_per_epoch,
         )
 
+    def _item_counts(self) -> np.ndarray | None:
+        """Items per shard: samples times the one-to-many count; None without a manifest."""
+        counts = self.source.counts
+        if counts is None or self.expand is None:
+            return counts
+        return counts * self.expand.count
+
     def __len__(self) -> int:
         """Samples this rank yields per epoch (independent of the worker count).
 
@@ -244,7 +259,7 @@ class ShardDataset(IterableDataset):
             TypeError: no manifest, so the length is unknown (``shardflow index``
                 writes one).
         """
-        counts = self.source.counts
+        counts = self._item_counts()
         if counts is None:
             raise TypeError(
                 "this ShardDataset has no manifest, so its length is unknown; write one with `shardflow index`"
@@ -255,7 +270,7 @@ class ShardDataset(IterableDataset):
 
     def num_batches(self, num_workers: int = 1) -> int:
         """Batches per epoch of this rank under the loader's batching (sized only)."""
-        counts = self.source.counts
+        counts = self._item_counts()
         if counts is None:
             raise TypeError("unknown number of batches: this ShardDataset has no manifest (see `shardflow index`)")
         world = self.world()
@@ -264,7 +279,7 @@ class ShardDataset(IterableDataset):
 
     def plan(self, epoch: int | None = None, rank: int | None = None) -> RankPlan:
         """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only."""
-        counts = self.source.counts
+        counts = self._item_counts()
         if counts is None:
             raise TypeError("no plan without a manifest (see `shardflow index`)")
         world = self.world()
@@ -324,6 +339,7 @@ class ShardDataset(IterableDataset):
             "world_size": world.world_size,
             "rank": world.rank,
             "num_workers": num_workers,
+            "expand": self.expand.count if self.expand is not None else 1,
         }
 
     def _check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
@@ -437,37 +453,76 @@ class ShardDataset(IterableDataset):
 
     def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
         """Compose the stages; returns (items, planned batch sizes)."""
+        k = self.expand.count if self.expand is not None else 1
+        prepare = self._preparer(epoch, policy) if self.expand is not None else None
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes = [len(range(*plan.batch_slice(b).indices(len(plan.emit)))) for b in ids]
             order = np.concatenate([plan.emit[plan.batch_slice(b)] for b in ids]) if ids else np.zeros(0, np.int64)
             needed = np.zeros(len(plan.emit), dtype=bool)
             needed[order] = True
-            raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets)
+            raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets, k, prepare)
             items: Iterator[Any] = stages.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
             items = stages.read_shards(shards, self.source, self.io, policy)
+            if prepare is not None:
+                items = stages.expand_each(items, prepare, k)
             items = stages.stream_shuffle(items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker))
             sizes = []
             if skip:
                 items = _skip(items, skip * (self._batching.batch_size if self._batching else 1))
-        if self.fields is not None:
+        if prepare is None and self.fields is not None:
             items = stages.select_fields(items, self.fields, policy)
-        if self.decode is not None:
+        if prepare is None and self.decode is not None:
             items = stages.decode(items, self.decode, policy)
         if self.transform is not None:
             items = stages.apply_transform(items, self.transform, policy)
         return items, sizes
 
+    def _preparer(self, epoch: int, policy: stages.ErrorPolicy) -> Callable[[dict[str, Any]], list[Any] | None]:
+        """Select, decode and expand one raw sample into its items (one-to-many samples)."""
+        expand = self.expand
+        wanted = stages._wanted(self.fields) if self.fields is not None else None
+        options = self.decode
+        seed = self.seed
+
+        def prepare(sample: dict[str, Any]) -> list[Any] | None:
+            s: dict[str, Any] | None = sample
+            if wanted is not None:
+                s = stages.select_one(sample, wanted, policy)
+            if s is not None and options is not None:
+                s = stages.decode_one(s, options, policy)
+            if s is None or expand is None:
+                return None
+            rng = np.random.Generator(np.random.PCG64(stable_seed("expand", seed, epoch, s["__key__"])))
+            try:
+                items = list(expand.fn(s, rng))
+                if len(items) != expand.count:
+                    raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
+            except Exception as e:
+                err = SampleError(f"{s['__url__']}: sample {s['__key__']!r}: expand raised {type(e).__name__}: {e}", reason="expand")
+                if policy.mode == "raise":
+                    raise err from e
+                policy.handle(err)
+                return None
+            return items
+
+        return prepare
+
     def _iter_samples(self, world: World, epoch: int, resume: _Resume | None, policy: stages.ErrorPolicy) -> Iterator[Any]:
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
-        items, _ = self._pipeline(world, epoch, ids, skip, policy)
         in_main = torch.utils.data.get_worker_info() is None
         progress = [ids, 0, skip]
-        if in_main:
+        if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch
             self._progress = progress
+        return self._yield_samples(world, epoch, ids, skip, policy, progress, in_main)
+
+    def _yield_samples(
+        self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy, progress: list[Any], in_main: bool
+    ) -> Iterator[Any]:
+        items, _ = self._pipeline(world, epoch, ids, skip, policy)
         try:
             for item in items:
                 progress[1] += 1
