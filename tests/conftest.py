@@ -1,0 +1,1 @@
+from tests.servers import *  # noqa: F403 - shared server fixtures
