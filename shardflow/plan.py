@@ -355,9 +355,11 @@ def split_unsized(num_shards: int, world: World, seed: int, epoch: int, shuffle:
         ShardflowError: this rank would get no shard (fewer shards than ranks).
     """
     if num_shards < world.world_size:
+        last = world.world_size - 1
+        empty = f"rank {last}" if num_shards == last else f"ranks {num_shards} to {last}"
         raise ShardflowError(
             f"{num_shards} shard(s) cannot be split over {world.world_size} ranks without sample counts: "
-            f"rank {world.rank} would get no data. Write a manifest with `shardflow index` so that ranks "
+            f"{empty} would get no data. Write a manifest with `shardflow index` so that ranks "
             "can split inside shards"
         )
     order = shard_order(num_shards, seed, epoch, shuffle)
