@@ -192,6 +192,8 @@ class ShardDataset(IterableDataset):
         World.detect(rank, world_size)  # validates
         self.source: Source = resolve_source(source, io)
         self._check_fields()
+        if self.source.counts is None:  # fail here, not later inside a DataLoader worker
+            split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
         self._batching: _Batching | None = None
         self._resume: _Resume | None = None
