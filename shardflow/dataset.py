@@ -43,13 +43,16 @@ class _Batching:
 class _Resume:
     """Where the next iteration resumes: the remaining units per worker.
 
-    ``assignment[w]`` lists the batch numbers (sized) or the count of units to
-    skip (unsized, one int) of worker ``w``.
+    ``assignment[w]`` lists the batch numbers (sized) of worker ``w``;
+    unsized, ``skip[w]`` counts the units worker ``w`` skips and
+    ``streams[w]`` is the stream (worker position of the saved run: its
+    shards and shuffle seed) that worker ``w`` continues.
     """
 
     epoch: int
     assignment: tuple[tuple[int, ...], ...]
     skip: tuple[int, ...] = ()
+    streams: tuple[int, ...] = ()
 
 
 @dataclass
@@ -370,6 +373,10 @@ class ShardDataset(IterableDataset):
         the dataset in the main process cannot see what workers yielded.
         """
         progress = getattr(self, "_progress", None)
+        resume = self._resume
+        if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
+            remaining = [_ranges(resume.assignment[0])] if self.sized else [resume.skip[0]]
+            return self._make_state("ShardDataset", 1, resume.epoch, remaining, 0)
         if progress is None:
             epoch = int(self._control[0]) + int(self._control[1])
             remaining: list[Any] = []
@@ -398,6 +405,7 @@ class ShardDataset(IterableDataset):
         """
         self._check_state(state, "ShardDataset", 1)
         self._load_resume(state, 1)
+        self._progress = None  # an abandoned iteration no longer names the position
 
     def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
         epoch = int(state["epoch"])
@@ -410,7 +418,8 @@ class ShardDataset(IterableDataset):
         if not self.sized:
             skip = [int(x) for x in remaining]
             j = int(state["next_worker"])
-            self._resume = _Resume(epoch, (), tuple(skip[(i + j) % num_workers] for i in range(num_workers)))
+            streams = tuple((i + j) % num_workers for i in range(num_workers))
+            self._resume = _Resume(epoch, (), tuple(skip[s] for s in streams), streams)
             return
         lists = [_unranges(r) for r in remaining]
         saved_workers = len(lists)
@@ -519,7 +528,7 @@ class ShardDataset(IterableDataset):
         progress = [ids, 0, skip]
         if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch
             self._progress = progress
-        return self._yield_samples(world, epoch, ids, skip, policy, progress, in_main)
+        return self._yield_samples(_stream_world(world, resume), epoch, ids, skip, policy, progress, in_main)
 
     def _yield_samples(
         self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy, progress: list[Any], in_main: bool
@@ -544,7 +553,7 @@ class ShardDataset(IterableDataset):
             raise ShardflowError("internal: batching requested without a batch configuration")
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
-        items, sizes = self._pipeline(world, epoch, ids, skip, policy)
+        items, sizes = self._pipeline(_stream_world(world, resume), epoch, ids, skip, policy)
         counted = _count_good(items, policy)
         try:
             if self.sized:
@@ -581,6 +590,14 @@ class ShardDataset(IterableDataset):
                     "local function), or use the 'fork' start method"
                 ) from e
         return state
+
+
+def _stream_world(world: World, resume: _Resume | None) -> World:
+    """The worker position whose stream (shards, shuffle seed) this worker reads:
+    its own, or after an unsized resume the saved run's (see :class:`_Resume`)."""
+    if resume is None or not resume.streams or world.worker >= len(resume.streams):
+        return world
+    return world.with_workers(resume.streams[world.worker], world.num_workers)
 
 
 def _count_good(items: Iterator[Any], policy: stages.ErrorPolicy) -> Iterator[Any]:

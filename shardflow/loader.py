@@ -79,6 +79,7 @@ class ShardLoader:
         self._pending: Mapping[str, Any] | None = None
         self._lists: list[list[int]] = []
         self._taken: list[int] = []
+        self._streams: list[int] = []
         self._next_worker = 0
         self._active = False
 
@@ -131,6 +132,7 @@ class ShardLoader:
         else:
             base = list(resume.skip) if resume is not None else [0] * k
             self._lists = [[b] for b in base]
+            self._streams = list(resume.streams) if resume is not None else list(range(k))
         self._taken = [0] * k
         self._next_worker = 0
         return self._run(resume is not None)
@@ -171,6 +173,8 @@ class ShardLoader:
         :class:`~shardflow.errors.StateError`.
         """
         ds = self.dataset
+        if self._pending is not None:  # loaded, not iterated yet: keep that position
+            return dict(self._pending)
         if not self._lists:
             epoch = (self._epoch + 1) if self._epoch is not None else ds.epoch
             if ds._user_epoch is not None:
@@ -178,9 +182,13 @@ class ShardLoader:
             return ds._make_state("ShardLoader", self.workers, epoch, [], 0)
         if ds.sized:
             remaining = [_ranges(lst[t:]) for lst, t in zip(self._lists, self._taken)]
-        else:
-            remaining = [lst[0] + t for lst, t in zip(self._lists, self._taken)]
-        return ds._make_state("ShardLoader", self.workers, int(self._epoch or 0), remaining, self._next_worker)
+            next_worker = self._next_worker
+        else:  # by stream: worker w may continue another stream after a resume
+            remaining = [0] * len(self._lists)
+            for w, (lst, t) in enumerate(zip(self._lists, self._taken)):
+                remaining[self._streams[w]] = lst[0] + t
+            next_worker = self._streams[self._next_worker]
+        return ds._make_state("ShardLoader", self.workers, int(self._epoch or 0), remaining, next_worker)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the next ``iter()`` from :meth:`state_dict`.
