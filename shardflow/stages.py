@@ -92,6 +92,40 @@ class ErrorPolicy:
             ) from self._last
 
 
+class _Opened:
+    """The samples of one shard (or segment) over a byte stream that is already open.
+
+    The stream's read-ahead thread starts when the shard is opened, so a shard
+    opened one step before it is needed downloads while the previous one is
+    decoded. ``close()`` releases the stream (thread, file handle, connection)
+    whether or not a sample was read.
+    """
+
+    __slots__ = ("_raw", "_samples")
+
+    def __init__(self, raw: Iterator[bytes], samples: Iterator[Any]) -> None:
+        self._raw = raw
+        self._samples = samples
+
+    def __iter__(self) -> _Opened:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._samples)
+
+    def close(self) -> None:
+        try:
+            _close(self._samples)
+        finally:
+            _close(self._raw)
+
+
+def _from(items: Iterator[Any], start: int) -> Iterator[Any]:
+    for n, item in enumerate(items):
+        if n >= start:
+            yield item
+
+
 def _open_segment(
     source: Source,
     shard: int,
@@ -99,20 +133,26 @@ def _open_segment(
     stop: int,
     offsets: np.ndarray | None,
     io: storage.IOOptions,
-) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
-    """Samples ``[start, stop)`` of one shard, seeking with the offset index if any."""
+) -> _Opened:
+    """Samples ``[start, stop)`` of one shard, seeking with the offset index if any.
+
+    The shard's bytes start streaming at once (see :func:`storage.open_chunks`).
+    """
     url = source.urls[shard]
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
-        chunks = storage.open_chunks(url, lo, hi, io)
-        yield from iter_samples(chunks, url, lo, end=hi, sample_errors="yield")
-        return
-    chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
-    n = 0
-    for item in iter_samples(chunks, url, 0, limit=stop, sample_errors="yield"):
-        if n >= start:
-            yield item
-        n += 1
+        raw = storage.open_chunks(url, lo, hi, io)
+        return _Opened(raw, iter_samples(raw, url, lo, end=hi, sample_errors="yield"))
+    raw = storage.open_chunks(url, 0, None, io)
+    samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield")
+    return _Opened(raw, _from(samples, start) if start else samples)
+
+
+def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
+    """All samples of one shard (no manifest); streaming starts at once."""
+    url = source.urls[shard]
+    raw = storage.open_chunks(url, 0, None, io)
+    return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield"))
 
 
 def read_planned(
@@ -165,6 +205,16 @@ def read_planned(
     urls = source.urls
     k = expand
     cached: dict[int, tuple[int, list[Any] | None]] = {}  # segment -> (sample index, its items)
+    # segments in the order they are first read; opening one also opens the next
+    # (read-ahead of the next shard: its bytes stream while this one is decoded)
+    segs, first_at = np.unique(seg_of, return_index=True)
+    opening = segs[np.argsort(first_at, kind="stable")].tolist()
+    next_of = dict(zip(opening, opening[1:]))
+
+    def open_seg(s: int) -> _Opened:
+        seg = plan.segments[s]
+        return _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
+
     try:
         for rel in range(hi - lo):
             pos = lo + rel
@@ -192,7 +242,13 @@ def read_planned(
             it = iters.get(s)
             try:
                 if it is None:
-                    it = iters[s] = _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
+                    it = iters[s] = open_seg(s)
+                    ahead = next_of.get(s)
+                    if ahead is not None and ahead not in iters:
+                        try:
+                            iters[ahead] = open_seg(ahead)
+                        except Exception:  # noqa: BLE001 - not lost: raised again, per policy, when it is reached
+                            log.debug("could not open segment %d ahead of time", ahead, exc_info=True)
                 item = next(it, None)
                 if item is None:
                     raise TruncatedShardError(
@@ -267,25 +323,34 @@ def emit_in_order(items: Iterator[tuple[int, Sample | None]], order: np.ndarray)
 def read_shards(
     shard_ids: Sequence[int], source: Source, io: storage.IOOptions, policy: ErrorPolicy
 ) -> Iterator[Sample | None]:
-    """Read whole shards in order (no manifest): every sample, errors per policy."""
-    for shard in shard_ids:
-        url = source.urls[shard]
-        it = iter_samples(storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url), url, 0, sample_errors="yield")
-        try:
-            for key, _, fields in it:
-                if isinstance(fields, SampleError):
-                    policy.handle(fields)
-                    yield None
-                    continue
-                sample: Sample = {"__key__": key, "__url__": url}
-                sample.update(fields)
-                yield sample
-        except ShardflowError as e:
-            if policy.mode == "raise":
-                raise
-            policy.handle(e, samples=0)
-        finally:
-            it.close()
+    """Read whole shards in order (no manifest): every sample, errors per policy.
+
+    Each shard is opened when the previous one starts, so it downloads meanwhile.
+    """
+    ahead = _open_shard(source, shard_ids[0], io) if shard_ids else None
+    try:
+        for j, shard in enumerate(shard_ids):
+            url = source.urls[shard]
+            it, ahead = ahead, None
+            if j + 1 < len(shard_ids):
+                ahead = _open_shard(source, shard_ids[j + 1], io)
+            try:
+                for key, _, fields in it:
+                    if isinstance(fields, SampleError):
+                        policy.handle(fields)
+                        yield None
+                        continue
+                    sample: Sample = {"__key__": key, "__url__": url}
+                    sample.update(fields)
+                    yield sample
+            except ShardflowError as e:
+                if policy.mode == "raise":
+                    raise
+                policy.handle(e, samples=0)
+            finally:
+                it.close()
+    finally:
+        _close(ahead)
 
 
 def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], list[Any] | None], k: int) -> Iterator[Any]:
