@@ -33,7 +33,7 @@ from typing import Any
 from .. import storage
 from ..errors import ConversionError, ManifestError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
-from ..urls import join_url
+from ..urls import join_url, protocol_of
 from ..writer import ShardFile, write_manifest
 
 __all__ = ["ConvertOptions", "run_conversion", "Build"]
@@ -162,6 +162,8 @@ def run_conversion(
         write_manifest(murl, m, io)
 
     workers = options.workers or os.cpu_count() or 1
+    if protocol_of(dest) == "memory":
+        workers = 1  # memory:// lives in this process: shards written by worker processes would be lost
     pool = ProcessPoolExecutor(workers) if workers > 1 else None
     pending: dict[Future, tuple[int, str, str]] = {}
 
