@@ -1,0 +1,256 @@
+"""``shardflow bench URL``: stream a dataset through ``shardflow.loader`` and measure it.
+
+Reports samples/s, MB/s of shard bytes (from the manifest's shard sizes, or the
+shard files' sizes after a full pass without one), time to the first batch
+(worker start-up, first shard open, first decode) and the rate after it. With
+``--plot`` it saves throughput over time as a PNG. ``--config`` takes a
+pipeline config (:mod:`shardflow.config`); flags given on the command line
+override its keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..config import PipelineConfig, load_config, loader_from_config
+from ..errors import missing_dependency
+from ..inspect import human_bytes
+from .progress import progress_bar
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "bench",
+        help="measure streaming throughput: samples/s, MB/s, time to first batch",
+        description="Stream a dataset through shardflow.loader (one epoch, or --seconds) and print "
+        "samples/s, MB/s of shard bytes and time to first batch. Flags override --config keys; "
+        "without a config, defaults are those of shardflow.config.PipelineConfig with "
+        "min(4, CPUs) workers.",
+    )
+    parser.add_argument("url", nargs="?", help="dataset folder, manifest URL or pattern (default: the config's source)")
+    parser.add_argument("--config", help="pipeline config YAML (see configs/)")
+    parser.add_argument("--decode", choices=["numpy", "torch", "pil", "none"], help="image form (none: raw bytes)")
+    parser.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
+    parser.add_argument("--batch-size", type=int, metavar="B", help="samples per batch")
+    parser.add_argument("--shuffle", type=int, metavar="BUF", help="shuffle buffer in samples (0: stored order)")
+    parser.add_argument("--seed", type=int, help="shuffle seed")
+    parser.add_argument("--fields", help="comma-separated fields to keep (e.g. jpg,cls)")
+    parser.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: one full epoch)")
+    parser.add_argument("--plot", metavar="OUT.png", help="save throughput over time as a PNG")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="fsspec storage option (repeatable)")
+    parser.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The pipeline config: ``--config`` (or defaults), then the flags given."""
+    from .convert import storage_options
+
+    if args.config:
+        cfg = load_config(args.config)
+        changes: dict[str, Any] = {}
+        if args.url:
+            changes["source"] = args.url
+    elif args.url:
+        cfg = PipelineConfig(source=args.url, num_workers=min(4, os.cpu_count() or 1))
+        changes = {}
+    else:
+        raise ValueError("give a dataset URL or --config")
+    if args.decode is not None:
+        changes["decode"] = None if args.decode == "none" else args.decode
+    if args.workers is not None:
+        changes["num_workers"] = args.workers
+    if args.batch_size is not None:
+        changes["batch_size"] = args.batch_size
+    if args.shuffle is not None:
+        changes["shuffle"] = args.shuffle
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.fields:
+        changes["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
+    if args.storage_option:
+        changes["storage_options"] = {**cfg.storage_options, **storage_options(args.storage_option)}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, dict):
+        keys = batch.get("__key__")
+        if isinstance(keys, list):
+            return len(keys)
+        for v in batch.values():
+            return _batch_len(v)
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    num_graphs = getattr(batch, "num_graphs", None)
+    return int(num_graphs) if num_graphs is not None else 1
+
+
+def measure(batches: Iterable[Any], *, seconds: float | None = None, progress: Any = None) -> dict[str, Any]:
+    """Iterate ``batches`` (until exhausted or ``seconds`` passed) and time it.
+
+    Returns:
+        ``samples``, ``batches``, ``seconds`` (wall time from ``iter()``),
+        ``first_batch_s``, ``stopped_early`` and ``timeline``: a list of
+        ``(seconds, cumulative samples)`` after each batch.
+    """
+    t0 = time.perf_counter()
+    it = iter(batches)
+    timeline: list[tuple[float, int]] = []
+    n = 0
+    stopped = False
+    try:
+        for batch in it:
+            now = time.perf_counter() - t0
+            k = _batch_len(batch)
+            n += k
+            timeline.append((now, n))
+            if progress is not None:
+                progress(k)
+            if seconds is not None and now >= seconds:
+                stopped = True
+                break
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    elapsed = time.perf_counter() - t0
+    return {
+        "samples": n,
+        "batches": len(timeline),
+        "seconds": elapsed,
+        "first_batch_s": timeline[0][0] if timeline else None,
+        "stopped_early": stopped,
+        "timeline": timeline,
+    }
+
+
+def _shard_bytes(ds: Any, samples: int, complete: bool) -> tuple[int | None, str | None]:
+    """Shard bytes behind ``samples`` samples, and where the number comes from."""
+    m = ds.manifest
+    if m is not None and m.num_samples and all(s.bytes >= 0 for s in m.shards):
+        return round(samples * sum(s.bytes for s in m.shards) / m.num_samples), "manifest shard sizes"
+    if complete:
+        from ..storage import object_size
+
+        return sum(object_size(u, ds.io) for u in ds.urls), "shard file sizes"
+    return None, None
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    loader = loader_from_config(cfg)
+    ds = loader.dataset
+    try:
+        total: int | None = len(ds)
+    except TypeError:
+        total = None
+    with progress_bar("bench", total=total, unit="sample") as update:
+        result = measure(loader, seconds=args.seconds, progress=update)
+    complete = not result["stopped_early"] or (total is not None and result["samples"] >= total)
+    nbytes, bytes_from = _shard_bytes(ds, result["samples"], complete)
+    secs = result["seconds"]
+    first = result["first_batch_s"]
+    out: dict[str, Any] = {
+        "source": cfg.source if isinstance(cfg.source, str) else list(cfg.source),
+        "shards": len(ds.urls),
+        "samples": result["samples"],
+        "batches": result["batches"],
+        "epoch_complete": complete,
+        "seconds": round(secs, 4),
+        "first_batch_s": round(first, 4) if first is not None else None,
+        "samples_per_s": round(result["samples"] / secs, 2) if secs > 0 else None,
+        "steady_samples_per_s": None,
+        "bytes": nbytes,
+        "bytes_from": bytes_from,
+        "mb_per_s": round(nbytes / secs / 1e6, 3) if nbytes is not None and secs > 0 else None,
+        "config": cfg.to_dict(),
+    }
+    timeline = result["timeline"]
+    if len(timeline) > 1 and secs > timeline[0][0]:
+        out["steady_samples_per_s"] = round((timeline[-1][1] - timeline[0][1]) / (timeline[-1][0] - timeline[0][0]), 2)
+    if args.plot:
+        plot_throughput(timeline, args.plot, title=_title(cfg))
+        out["plot"] = args.plot
+    if args.json:
+        print(json.dumps(out, indent=1, ensure_ascii=False))
+    else:
+        print(format_result(out, cfg))
+    return 0
+
+
+def _title(cfg: PipelineConfig) -> str:
+    src = cfg.source if isinstance(cfg.source, str) else f"{len(cfg.source)} URLs"
+    return f"{src} · decode {cfg.decode or 'none'} · batch {cfg.batch_size} · {cfg.num_workers} workers · shuffle {cfg.shuffle}"
+
+
+def format_result(out: dict[str, Any], cfg: PipelineConfig) -> str:
+    """The human-readable form of a bench result."""
+    lines = [f"bench        {_title(cfg)}"]
+    span = "one epoch" if out["epoch_complete"] else "stopped by --seconds"
+    lines.append(f"samples      {out['samples']:,} in {out['batches']:,} batches, {out['seconds']:.2f} s ({span})")
+    if out["first_batch_s"] is not None:
+        lines.append(f"first batch  {out['first_batch_s']:.3f} s")
+    if out["samples_per_s"] is not None:
+        lines.append(f"throughput   {out['samples_per_s']:,.1f} samples/s")
+    if out["steady_samples_per_s"] is not None:
+        lines.append(f"after first  {out['steady_samples_per_s']:,.1f} samples/s")
+    if out["mb_per_s"] is not None:
+        lines.append(f"read         {out['mb_per_s']:,.2f} MB/s ({human_bytes(out['bytes'])}, from {out['bytes_from']})")
+    else:
+        lines.append("read         ? MB/s (no manifest and the pass was cut short; see `shardflow index`)")
+    if out.get("plot"):
+        lines.append(f"plot         {out['plot']}")
+    return "\n".join(lines)
+
+
+def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str = "") -> None:
+    """Save samples/s over time as a PNG at ``path``.
+
+    Windows are 1/40 of the run, widened to three typical batch intervals so
+    that each holds several batches.
+    """
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global backend, PNG through Agg
+    except ImportError as e:
+        raise missing_dependency("matplotlib", "show", "plotting throughput (--plot)") from e
+    fig = Figure(figsize=(8, 4), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    if timeline:
+        end = timeline[-1][0]
+        gaps = sorted(b[0] - a[0] for a, b in zip(timeline, timeline[1:]))
+        width = max(end / 40, 3 * gaps[len(gaps) // 2] if gaps else 0.0, 0.05)
+        edges = [i * width for i in range(math.ceil(end / width) + 1)]
+        if edges[-1] < end:
+            edges.append(edges[-1] + width)
+        rates = []
+        j, prev = 0, 0
+        for lo, hi in zip(edges, edges[1:]):
+            count = prev
+            while j < len(timeline) and timeline[j][0] <= hi:
+                count = timeline[j][1]
+                j += 1
+            rates.append((count - prev) / (hi - lo))
+            prev = count
+        ax.stairs(rates, edges, fill=True, alpha=0.35, color="#4477aa", label=f"samples/s (windows of {width:.2f} s)")
+        ax.stairs(rates, edges, color="#4477aa")
+        mean = timeline[-1][1] / end if end > 0 else 0.0
+        ax.axhline(mean, color="#ee6677", linestyle="--", linewidth=1, label=f"mean {mean:,.0f} samples/s")
+        ax.axvline(timeline[0][0], color="#228833", linestyle=":", linewidth=1, label=f"first batch {timeline[0][0]:.2f} s")
+        ax.legend(loc="upper left", fontsize=8)
+    ax.set_xlabel("seconds since iter(loader)")
+    ax.set_ylabel("samples/s")
+    ax.set_title(title, fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png")

@@ -1,0 +1,124 @@
+"""``shardflow inspect URL``: a readable summary of a dataset (``--json`` for machines)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..inspect import human_bytes, summarize
+from ..storage import IOOptions
+from .progress import progress_bar
+from .verify import _total_samples
+
+_META_WIDTH = 100  # characters of each meta value shown (``--json`` has them whole)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "inspect",
+        help="summarize a dataset: shards, samples, fields, classes, graphs, first keys",
+        description="Summarize a dataset, local or remote, with or without a manifest (without one the "
+        "shards are scanned). Class counts come from meta['class_counts'] when the manifest has them, "
+        "else from the samples' label field; graph statistics from decoding the 'pyg' fields.",
+    )
+    parser.add_argument("url", help="dataset folder, manifest URL, shard pattern or URL")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON with exact counts")
+    parser.add_argument("--keys", type=int, default=10, metavar="N", help="first keys to list (default 10)")
+    parser.add_argument("--label", default="cls", help="field holding class labels (default cls)")
+    scan = parser.add_mutually_exclusive_group()
+    scan.add_argument("--scan", dest="scan", action="store_const", const=True, default=None,
+                      help="always read every shard (exact counts even with a manifest)")
+    scan.add_argument("--no-scan", dest="scan", action="store_const", const=False,
+                      help="read only the manifest and the first samples (fast)")
+    parser.add_argument("--max-graphs", type=int, default=None, metavar="N",
+                        help="decode at most N graphs per shard for graph statistics (default all)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N", help="scanning processes (default: CPUs)")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="fsspec storage option (repeatable)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .convert import storage_options
+
+    io = IOOptions(storage_options=storage_options(args.storage_option))
+    with progress_bar("scanning", total=_total_samples(args.url, io), unit="sample") as update:
+        info = summarize(
+            args.url, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,
+            workers=args.workers, io=io, progress=update,
+        )
+    if args.json:
+        print(json.dumps(info, indent=1, ensure_ascii=False))
+    else:
+        print(format_summary(info))
+    return 0
+
+
+def _n(x: int | None) -> str:
+    return "?" if x is None else f"{x:,}"
+
+
+def _stats_line(s: dict[str, Any]) -> str:
+    return f"min {s['min']:,} · mean {s['mean']:,.1f} · max {s['max']:,}"
+
+
+def format_summary(info: dict[str, Any]) -> str:
+    """The human-readable form of a :func:`shardflow.inspect.summarize` result."""
+    lines = []
+    src = info["source"] if isinstance(info["source"], str) else f"{len(info['source'])} URLs"
+    where = f"manifest {info['manifest']}" if info["manifest"] else "no manifest: counts from a scan of the shards"
+    lines.append(f"dataset   {src}  ({where})")
+    samples = _n(info["samples"])
+    per = ""
+    if info["samples"] and info["shards"]:
+        per = f" (~{info['samples'] / info['shards']:,.0f} per shard)"
+    lines.append(f"shards    {info['shards']:,}")
+    lines.append(f"samples   {samples}{per}")
+    if info["bytes"] is not None:
+        avg = f", ~{human_bytes(info['bytes'] // info['samples'])} per sample" if info["samples"] else ""
+        lines.append(f"bytes     {human_bytes(info['bytes'])} ({info['bytes']:,}{avg})")
+    if info["fields"]:
+        lines.append("fields")
+        width = max(len(f) for f in info["fields"])
+        for name, f in info["fields"].items():
+            count = f"  in {f['samples']:,} samples" if f["samples"] is not None else ""
+            lines.append(f"  {name:<{width}}  codec {f['codec']}{count}")
+    if info["classes"]:
+        classes = info["classes"]
+        total = sum(c["samples"] for c in classes)
+        lines.append(f"classes   {len(classes):,} (counts from {'the manifest meta' if info['classes_from'] == 'meta' else 'the samples'})")
+        shown = classes if len(classes) <= 30 else classes[:15] + [None] + classes[-5:]
+        width = max(len(str(c["label"])) for c in classes)
+        for c in shown:
+            if c is None:
+                lines.append(f"  ... {len(classes) - 20:,} more")
+                continue
+            name = f"  {c['name']}" if c["name"] is not None else ""
+            share = f"{100 * c['samples'] / total:5.1f}%" if total else ""
+            lines.append(f"  {str(c['label']):>{width}}{name:<16}  {c['samples']:>8,}  {share}")
+    for name, g in (info["graphs"] or {}).items():
+        kinds = ", ".join(f"{k} x{v:,}" for k, v in g["kinds"].items())
+        lines.append(f"graphs    field {name!r}: {g['graphs']:,} decoded ({kinds})")
+        lines.append(f"  nodes per graph  {_stats_line(g['nodes'])}")
+        lines.append(f"  edges per graph  {_stats_line(g['edges'])}")
+        for t, s in g.get("node_types", {}).items():
+            lines.append(f"  node type {t}: {_stats_line(s)}")
+        for t, s in g.get("edge_types", {}).items():
+            lines.append(f"  edge type ({', '.join(t.split('|'))}): {_stats_line(s)}")
+        if g.get("attributes"):
+            lines.append("  attributes       " + ", ".join(f"{k} {v}" for k, v in g["attributes"].items()))
+        if g.get("undecodable"):
+            lines.append(f"  {g['undecodable']:,} graphs could not be decoded (run `shardflow verify`)")
+    if info["first_keys"]:
+        lines.append(f"first keys {', '.join(info['first_keys'])}")
+    if info["meta"]:
+        lines.append("meta")
+        for k, v in info["meta"].items():
+            text = json.dumps(v, ensure_ascii=False)
+            if len(text) > _META_WIDTH:
+                text = text[: _META_WIDTH - 3] + "..."
+            lines.append(f"  {k}: {text}")
+    for err in info["errors"]:
+        lines.append(f"warning   {err} (run `shardflow verify`)")
+    return "\n".join(lines)
