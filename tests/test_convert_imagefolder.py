@@ -7,6 +7,7 @@ subprocess); crashes are real ``kill -9``s.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import glob
 import io
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import webdataset
 from hypothesis import given, settings
@@ -463,22 +465,27 @@ def test_c15_killed_run_resumes_keeping_finished_shards(big_tree: Path, big_conv
     clean, _, _ = big_converted
     dst = tmp_path / "crashed"
     cmd = [*CLI, "convert", "imagefolder", str(big_tree), str(dst), "--max-count", str(MAX_COUNT), "--workers", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    listed: list[str] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                listed = [s.url for s in read_manifest(dst).shards]
+                if len(read_manifest(dst).shards) >= 5:
+                    break
             except (FileNotFoundError, ValueError):
-                listed = []
-            if len(listed) >= 5:
-                break
+                pass
             time.sleep(0.01)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the converter and its writer processes
+        assert proc.poll() is None, "the conversion finished before it could be killed"
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)  # the converting process only, not its writer workers
         proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be killed"
+        # the orphaned writer workers notice and exit by themselves
+        _, alive = psutil.wait_procs(workers, timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the run
+        proc.wait()
+    assert len(workers) == 2 and alive == []
     crashed = read_manifest(dst)
     assert crashed.meta["conversion"]["complete"] is False
     kept = [s.url for s in crashed.shards]

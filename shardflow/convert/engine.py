@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -96,6 +98,22 @@ def _write_shard(
     return shard.info, sorted(shard.fields)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: exit once the converting process is gone.
+
+    A worker blocks on the executor's call queue, whose write end every forked
+    worker also holds, so it never sees EOF: without this, ``kill -9`` of a
+    conversion left its writer processes running forever.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()
+
+
 def _previous(dest_manifest: str, io: storage.IOOptions) -> tuple[dict[str, tuple[ShardInfo, str]], list[str]]:
     """Finished shards of an earlier run (name -> (entry, descriptor hash)) and its field names."""
     if not storage.exists(dest_manifest, io):
@@ -164,7 +182,7 @@ def run_conversion(
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
         workers = 1  # memory:// lives in this process: shards written by worker processes would be lost
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    pool = ProcessPoolExecutor(workers, initializer=_exit_with_parent, initargs=(os.getpid(),)) if workers > 1 else None
     pending: dict[Future, tuple[int, str, str]] = {}
 
     def collect(block: bool) -> None:
