@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from ..indexing import index_shards
-from ..urls import expand_urls
+from ..urls import SHARD_SUFFIXES, expand_urls
 from .progress import progress_bar
 
 
@@ -25,7 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    urls = [u for pattern in args.urls for u in expand_urls(pattern)]
+    urls = []
+    for pattern in args.urls:
+        if os.path.isdir(pattern):  # a local folder: its shards, sorted
+            found = sorted(e.path for e in os.scandir(pattern) if e.is_file() and e.name.endswith(SHARD_SUFFIXES))
+            if not found:
+                raise FileNotFoundError(f"{pattern}: no .tar shards in this folder")
+            urls.extend(found)
+        else:
+            urls.extend(expand_urls(pattern))
     t0 = time.perf_counter()
     with progress_bar("index", total=len(urls), unit="shard") as update:
         m = index_shards(urls, out=args.out, workers=args.workers, progress=update)
