@@ -156,6 +156,12 @@ class ShardLoader:
                 self._taken[item.worker] += 1
                 self._next_worker = (item.worker + 1) % self.workers
                 yield item.data
+            if self.num_workers > 1 and ds.stats["skipped"] and not ds.stats["samples"]:
+                # each worker only knows its own share; the pass as a whole yielded nothing
+                raise ShardflowError(
+                    f"the pass yielded no sample: all {ds.stats['skipped']} were dropped under "
+                    f"on_error={ds.on_error!r} ({dict(ds.stats)}); set on_error='raise' to see the first error"
+                )
         finally:
             self._active = False
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
