@@ -226,8 +226,17 @@ class ShardDataset(IterableDataset):
         return list(self.source.urls)
 
     def world(self) -> World:
-        """The detected rank/world size/worker of the caller."""
-        return World.detect(*self._ranks)
+        """The detected rank/world size/worker of the caller.
+
+        In the main process the ranks found are remembered and reach the
+        DataLoader workers with the dataset, for workers that cannot detect
+        them (``spawn`` workers of a job started with ``torch.multiprocessing``).
+        """
+        if torch.utils.data.get_worker_info() is None:
+            world = World.detect(*self._ranks)
+            self._main_ranks = (world.rank, world.world_size)
+            return world
+        return World.detect(*self._ranks, default=getattr(self, "_main_ranks", None))
 
     def _check_fields(self) -> None:
         m = self.source.manifest
@@ -577,6 +586,7 @@ class ShardDataset(IterableDataset):
         yield WorkerItem(world.worker, -1, None, dict(policy.stats), final=True)
 
     def __getstate__(self) -> dict[str, Any]:
+        self.world()  # pickled for spawn workers: carry the ranks detected now
         state = self.__dict__.copy()
         state["_offset_cache"] = {}
         state["_plan_cache"] = None

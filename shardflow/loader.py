@@ -139,6 +139,7 @@ class ShardLoader:
 
     def _run(self, resuming: bool) -> Iterator[Any]:
         ds = self.dataset
+        ds.world()  # detect the ranks here, in the main process: workers get them with the dataset
         it = iter(self._dataloader(fresh=resuming))
         ds._resume = None  # the workers have their copy; later epochs start afresh
         stats: dict[int, dict[str, int]] = {}

@@ -38,12 +38,16 @@ class World:
             raise ValueError(f"invalid worker {self.worker} for {self.num_workers} workers")
 
     @classmethod
-    def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
+    def detect(
+        cls, rank: int | None = None, world_size: int | None = None, default: tuple[int, int] | None = None
+    ) -> World:
         """Detect rank, world size and DataLoader worker.
 
         Explicit ``rank``/``world_size`` win; else an initialized
         ``torch.distributed`` process group; else the ``RANK`` and
-        ``WORLD_SIZE`` environment variables (as set by torchrun); else 0 / 1.
+        ``WORLD_SIZE`` environment variables (as set by torchrun); else
+        ``default`` (the ranks the main process detected: a DataLoader worker
+        started with ``spawn`` sees no process group); else 0 / 1.
 
         Raises:
             ValueError: only one of ``rank``/``world_size`` is given, or
@@ -52,7 +56,7 @@ class World:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
         if rank is None or world_size is None:
-            rank, world_size = _detect_ranks()
+            rank, world_size = _detect_ranks(default or (0, 1))
         worker, num_workers = 0, 1
         try:
             from torch.utils.data import get_worker_info
@@ -69,7 +73,7 @@ class World:
         return replace(self, worker=worker, num_workers=num_workers)
 
 
-def _detect_ranks() -> tuple[int, int]:
+def _detect_ranks(default: tuple[int, int]) -> tuple[int, int]:
     try:
         import torch.distributed as dist
 
@@ -79,7 +83,7 @@ def _detect_ranks() -> tuple[int, int]:
         pass
     if "WORLD_SIZE" in os.environ:
         return int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
-    return 0, 1
+    return default
 
 
 def stable_seed(*parts: object) -> int:
