@@ -23,6 +23,7 @@ from .errors import (
     MissingFieldError,
     SampleError,
     ShardflowError,
+    ShardFormatError,
     TruncatedShardError,
 )
 from .format.tar import iter_samples
@@ -142,10 +143,29 @@ def _open_segment(
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
         raw = storage.open_chunks(url, lo, hi, io)
-        return _Opened(raw, iter_samples(raw, url, lo, end=hi, sample_errors="yield"))
+        return _Opened(raw, _seek_samples(raw, url, lo, hi, io))
     raw = storage.open_chunks(url, 0, None, io)
     samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield")
     return _Opened(raw, _from(samples, start) if start else samples)
+
+
+def _seek_samples(raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions) -> Iterator[Any]:
+    """Samples of the tar bytes ``[lo, hi)``; a compressed shard gets an error that says so."""
+    try:
+        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield")
+    except ShardFormatError as e:
+        try:
+            compressed = storage.is_compressed(url, io)
+        except Exception:  # noqa: BLE001 - the format error is the one to report
+            compressed = False
+        if not compressed:
+            raise
+        raise ShardFormatError(
+            f"{url}: compressed shard (gzip/zstd), but the manifest gives it an offset index: byte offsets "
+            "cannot seek into a compressed stream. Re-index the shards with `shardflow index` (compressed "
+            "shards then stream whole), or decompress them",
+            reason="compressed_shard",
+        ) from e
 
 
 def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
