@@ -167,7 +167,15 @@ def run_conversion(
     meta = dict(meta or {})
     kept = 0
 
-    def record() -> None:
+    last_record = [0.0]
+
+    def record(force: bool = False) -> None:
+        # The progress manifest lists every finished shard so that a crash loses at most the
+        # shards of the last second; rewriting it after every shard would cost O(shards^2) bytes.
+        now = time.monotonic()
+        if not force and now - last_record[0] < 1.0:
+            return
+        last_record[0] = now
         order = sorted(done)
         fields: dict[str, str] = {}
         for n in order:
