@@ -246,6 +246,10 @@ def run_conversion(
             n += 1
         while pending:
             collect(block=True)
+    except BaseException:
+        if done:
+            record(force=True)  # keep every finished shard listed for the re-run
+        raise
     finally:
         if pool is not None:
             for f in pending:
