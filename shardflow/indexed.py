@@ -1,0 +1,332 @@
+"""Map-style random access over shards: :class:`IndexedShardDataset`.
+
+Sample ``i`` (global index, shards in manifest order, samples in file order,
+the same order as ``ShardDataset(shuffle=False)``) is found through the
+manifest's sample counts and its shard's offset index (the ``.npy`` beside the
+shard: sample ``j`` spans bytes ``[idx[j], idx[j+1])``), then read with one
+ranged read and parsed as a tar sample. So random access costs one read per
+sample, local or remote, however large the shard.
+
+Handles. The offset indexes of the ``max_open`` most recently used shards are
+kept (least recently used evicted), and for local shards an open file
+descriptor with them, read with ``os.pread`` (no seek, safe to share between
+threads). Remote shards are read with :func:`shardflow.storage.read_range`
+(fsspec ranged reads, retried on transient errors). Nothing open is pickled:
+DataLoader workers (fork, spawn or forkserver) start with an empty cache, and a
+forked process never reuses its parent's descriptors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import operator
+import os
+import pickle
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from . import storage
+from .codecs import DecodeOptions, decode_field
+from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
+from .format.tar import iter_samples
+from .source import Source, resolve_source
+from .urls import SHARD_SUFFIXES
+
+__all__ = ["IndexedShardDataset"]
+
+log = logging.getLogger(__name__)
+
+_COMPRESSED_SUFFIXES = tuple(s for s in SHARD_SUFFIXES if s != ".tar")
+
+
+@dataclass
+class _Shard:
+    """One cached shard: its offset index and, for a local shard, an open descriptor."""
+
+    offsets: np.ndarray
+    fd: int | None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:  # pragma: no cover - already closed
+                pass
+            self.fd = None
+
+
+def _local_path(url: str) -> str | None:
+    """The local path of a URL, or None for a remote one."""
+    if "://" not in url:
+        return url
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    return None
+
+
+class IndexedShardDataset(Dataset):
+    """Random access to the samples of a shard dataset by global index.
+
+    A map-style ``torch.utils.data.Dataset``: use it with any sampler
+    (``RandomSampler``, ``DistributedSampler``, ``SubsetRandomSampler``, ...)
+    and DataLoader workers. ``ds[i]`` is the same dict :class:`ShardDataset`
+    yields for that sample: ``__key__`` (str), ``__url__`` (the shard URL) and
+    the fields decoded by extension (see :mod:`shardflow.codecs`).
+
+    Example::
+
+        ds = shardflow.IndexedShardDataset("data/shards")
+        sampler = DistributedSampler(ds, shuffle=True, seed=0)
+        dl = DataLoader(ds, batch_size=256, sampler=sampler, num_workers=8)
+
+    Args:
+        source: as for :class:`ShardDataset` (folder, manifest URL, pattern or
+            list of URLs). A manifest with offset indexes is required.
+        decode: ``"numpy"`` (images as uint8 arrays, shape (H, W, 3)),
+            ``"torch"`` (uint8 tensors, shape (3, H, W)), ``"pil"``, None (every
+            field stays bytes), or a :class:`~shardflow.codecs.DecodeOptions`.
+        transform: ``transform(sample) -> Any`` applied to each decoded sample;
+            must be picklable for DataLoader workers started with spawn.
+        storage_options: passed to fsspec (credentials, endpoint, ...).
+        max_open: shards whose offset index (and local file descriptor) stay
+            cached, least recently used evicted.
+        io: retries and storage options, a :class:`~shardflow.storage.IOOptions`
+            (instead of ``storage_options``).
+
+    Raises:
+        ManifestError: no manifest (so no sample counts), or shards the manifest
+            lists without an offset index: run ``shardflow index`` on them.
+        ShardFormatError: a shard is compressed (``.tar.gz``, ``.tar.zst``):
+            random access needs plain ``.tar`` shards.
+        FileNotFoundError: the source lists no shard.
+        ValueError: ``max_open < 1``, or both ``io`` and ``storage_options``.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | Sequence[str],
+        *,
+        decode: str | DecodeOptions | None = "numpy",
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        max_open: int = 16,
+        io: storage.IOOptions | None = None,
+    ) -> None:
+        if io is None:
+            io = storage.IOOptions(storage_options=dict(storage_options or {}))
+        elif storage_options:
+            raise ValueError("pass storage_options inside io= or as storage_options=, not both")
+        if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
+        if isinstance(decode, DecodeOptions) or decode is None:
+            self.decode = decode
+        else:
+            self.decode = DecodeOptions(image=decode)
+        self.io = io
+        self.transform = transform
+        self.max_open = max_open
+        self.source: Source = resolve_source(source, io)
+        manifest = self.source.manifest
+        if manifest is None:
+            raise ManifestError(
+                f"{self.source.urls[0]}{' ...' if len(self.source.urls) > 1 else ''}: no shardflow.json manifest, "
+                "so samples cannot be addressed by index; run `shardflow index` on the shards to write the "
+                "manifest and offset indexes"
+            )
+        compressed = [u for u in self.source.urls if u.lower().endswith(_COMPRESSED_SUFFIXES)]
+        if compressed:
+            raise ShardFormatError(_compressed_message(compressed[0], len(compressed)), reason="compressed_shard")
+        missing = [u for u, ix in zip(self.source.urls, self.source.index_urls) if ix is None]
+        if missing:
+            raise ManifestError(
+                f"{len(missing)} of {len(self.source.urls)} shards have no offset index in {manifest.url} "
+                f"(first: {missing[0]}); random access needs one per shard: run `shardflow index` on them",
+                reason="missing_index",
+            )
+        # first global index of each shard, plus the total (a list: bisect on it is faster per call)
+        self._starts: list[int] = [0, *np.cumsum(self.source.counts).tolist()]
+        self._reset_cache()
+
+    # ------------------------------------------------------------ cache
+
+    def _reset_cache(self) -> None:
+        self._cache: OrderedDict[int, _Shard] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Close the cached file descriptors (they reopen on the next access)."""
+        with self._lock:
+            for entry in self._cache.values():
+                entry.close()
+            self._cache.clear()
+
+    def __del__(self) -> None:
+        cache = getattr(self, "_cache", None)
+        if cache and getattr(self, "_pid", None) == os.getpid():
+            for entry in cache.values():
+                entry.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.transform is not None:
+            try:
+                pickle.dumps(self.transform)
+            except Exception as e:
+                raise TypeError(
+                    f"the transform {self.transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
+                    "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
+                    "local function), or use the 'fork' start method"
+                ) from e
+        state = self.__dict__.copy()
+        for name in ("_cache", "_lock", "_pid"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_cache()
+
+    def _shard(self, shard: int) -> _Shard:
+        """The cached entry of a shard, loading its offset index (and opening it) if needed."""
+        if self._pid != os.getpid():  # forked: the parent's descriptors are not ours to use
+            self._reset_cache()
+        with self._lock:
+            entry = self._cache.get(shard)
+            if entry is not None:
+                self._cache.move_to_end(shard)
+                return entry
+        entry = self._open(shard)
+        with self._lock:
+            other = self._cache.get(shard)
+            if other is not None:  # another thread was faster
+                entry.close()
+                return other
+            self._cache[shard] = entry
+            while len(self._cache) > self.max_open:
+                _, old = self._cache.popitem(last=False)
+                old.close()
+        return entry
+
+    def _open(self, shard: int) -> _Shard:
+        url = self.source.urls[shard]
+        index_url = self.source.index_urls[shard]
+        try:
+            offsets = self.source.load_offsets(shard, self.io)
+        except FileNotFoundError as e:
+            raise ManifestError(
+                f"{url}: its offset index {index_url} is missing; run `shardflow index` to rewrite it",
+                reason="missing_index",
+            ) from e
+        if offsets is None:  # pragma: no cover - checked in __init__
+            raise ManifestError(f"{url}: no offset index; run `shardflow index`", reason="missing_index")
+        path = _local_path(url)
+        fd = os.open(path, os.O_RDONLY) if path is not None else None
+        entry = _Shard(offsets, fd)
+        try:
+            head = os.pread(fd, 4, 0) if fd is not None else storage.read_range(url, 0, 4, self.io)
+        except BaseException:
+            entry.close()
+            raise
+        if head.startswith((storage.GZIP_MAGIC, storage.ZSTD_MAGIC)):
+            entry.close()
+            raise ShardFormatError(_compressed_message(url, 1), reason="compressed_shard")
+        return entry
+
+    # ------------------------------------------------------------ access
+
+    def __len__(self) -> int:
+        """Samples in all shards (from the manifest)."""
+        return self._starts[-1]
+
+    @property
+    def urls(self) -> list[str]:
+        """Shard URLs in manifest order."""
+        return list(self.source.urls)
+
+    @property
+    def manifest(self):  # noqa: ANN201 - Manifest
+        """The dataset's manifest."""
+        return self.source.manifest
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, sample number within the shard)`` of a global index.
+
+        Raises:
+            IndexError: ``index`` is outside ``[-len(self), len(self))``.
+            TypeError: ``index`` is not an integer.
+        """
+        i = operator.index(index)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {index} is out of range for a dataset of {n} samples")
+        shard = bisect.bisect_right(self._starts, i) - 1
+        return shard, i - self._starts[shard]
+
+    def read_raw(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` with its fields as stored bytes (no decoding, no transform)."""
+        shard, local = self.locate(index)
+        url = self.source.urls[shard]
+        entry = self._shard(shard)
+        start, end = int(entry.offsets[local]), int(entry.offsets[local + 1])
+        if entry.fd is not None:
+            data = os.pread(entry.fd, end - start, start)
+        else:
+            data = storage.read_range(url, start, end, self.io)
+        if len(data) != end - start:
+            raise TruncatedShardError(
+                f"{url}: sample {local} should span bytes [{start}, {end}) but the shard ends at byte "
+                f"{start + len(data)}; the shard is truncated or its offset index is stale (run `shardflow index`)"
+            )
+        found = list(iter_samples([data], url, start, end=end))
+        if len(found) != 1:
+            raise ManifestError(
+                f"{url}: bytes [{start}, {end}) hold {len(found)} samples instead of 1; the offset index does not "
+                "match the shard (run `shardflow index` to rewrite it)",
+                reason="stale_index",
+            )
+        key, _, fields = found[0]
+        sample: dict[str, Any] = {"__key__": key, "__url__": url}
+        sample.update(fields)  # type: ignore[arg-type]
+        return sample
+
+    def __getitem__(self, index: int) -> Any:
+        """Sample ``index`` (negative counts from the end), decoded and transformed.
+
+        Raises:
+            IndexError: out of range.
+            DecodeError: a field could not be decoded (names shard and key).
+            ShardFormatError, TruncatedShardError, ManifestError: the shard or
+                its offset index is unusable (the message says what to run).
+            RemoteReadError: reading failed after retries.
+        """
+        sample = self.read_raw(index)
+        if self.decode is not None:
+            for name, value in sample.items():
+                if not name.startswith("__"):
+                    try:
+                        sample[name] = decode_field(name, value, self.decode)
+                    except DecodeError as e:
+                        raise DecodeError(
+                            f"{sample['__url__']}: sample {sample['__key__']!r}: cannot decode {e}"
+                        ) from e
+        if self.transform is not None:
+            return self.transform(sample)
+        return sample
+
+
+def _compressed_message(url: str, n: int) -> str:
+    more = f" (and {n - 1} more)" if n > 1 else ""
+    return (
+        f"{url}{more}: compressed shard; random access needs plain .tar shards (a compressed stream cannot be "
+        "entered in the middle). Stream it with ShardDataset, or decompress it (gunzip / zstd -d) and run "
+        "`shardflow index` on the .tar"
+    )
