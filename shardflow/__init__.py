@@ -35,8 +35,8 @@ _LAZY = {
     "ShuffleConfig": ("plan", "ShuffleConfig"),
     "IOOptions": ("storage", "IOOptions"),
     "DecodeOptions": ("codecs", "DecodeOptions"),
-    "loader": ("loader", "loader"),
-    "collate": ("collate", "collate"),
+    "loader": ("loading", "loader"),
+    "collate": ("collation", "collate"),
 }
 
 

@@ -294,7 +294,7 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
 
 
 def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConfig, **overrides: Any) -> Any:
-    """Build the dataset and its :class:`~shardflow.loader.ShardLoader` from a config.
+    """Build the dataset and its :class:`~shardflow.loading.ShardLoader` from a config.
 
     Args:
         cfg: a config, a YAML path or a mapping.
@@ -307,7 +307,7 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
     Returns:
         The loader; its dataset is ``loader.dataset``.
     """
-    from .loader import loader
+    from .loading import loader
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
     loader_args = ("collate_fn", "persistent_workers", "pin_memory", "prefetch_factor",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .collate import collate as default_collate
+from .collation import collate as default_collate
 from .dataset import ShardDataset, WorkerItem, _Batching, _ranges
 from .errors import ShardflowError, StateError
 
@@ -232,7 +232,7 @@ def loader(
         num_workers: DataLoader worker processes per rank (0: read in this process).
         drop_last: drop each rank's last incomplete batch.
         collate_fn: ``collate_fn(list of samples) -> batch``, run in the
-            workers; default :func:`shardflow.collate.collate` (dicts of
+            workers; default :func:`shardflow.collation.collate` (dicts of
             stacked tensors, PyG ``Batch`` for graphs, lists for strings).
         persistent_workers: keep workers alive between epochs.
         pin_memory: pin batches in page-locked memory (for CUDA copies).

@@ -12,7 +12,7 @@ from PIL import Image
 
 from shardflow import ShardDataset, ShardWriter
 from shardflow.config import ConfigError, PipelineConfig, dataset_from_config, load_config, loader_from_config
-from shardflow.loader import loader as make_loader  # `shardflow.loader` is shadowed by the submodule once imported
+from shardflow.loading import loader as make_loader  # `shardflow.loader` is shadowed by the submodule once imported
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 N = 20
