@@ -152,6 +152,7 @@ def test_iter_lines_independent_of_chunking(data, draw):
     chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
     assert list(iter_lines(chunks)) == reference_lines(data)
     assert list(iter_lines([b"\xef\xbb", b"\xbfx\n"])) == [b"x"]
+    assert list(iter_lines([b"\xef\xbb\xbf"])) == [] and list(iter_lines([b"\xef\xbb\xbf\n"])) == [b""]
 
 
 def test_cli(tmp_path, capsys):

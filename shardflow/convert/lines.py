@@ -95,6 +95,8 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         line = b"".join(pending)
         if first and line.startswith(_BOM):
             line = line[len(_BOM) :]
+            if not line:  # a file holding only a byte-order mark has no lines, as an empty file
+                return
         yield line[:-1] if line.endswith(b"\r") else line
 
 
