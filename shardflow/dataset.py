@@ -37,6 +37,8 @@ class _Batching:
     batch_size: int
     drop_last: bool
     collate: Callable[[list[Any]], Any]
+    max_cost: int | None = None
+    cost: str = "num_nodes"
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ class ShardDataset(IterableDataset):
         self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
+        self._cost_cache: tuple[str, np.ndarray] | None = None
         # shared with DataLoader workers (also persistent ones): [epoch, iterations per worker...]
         self._control = torch.zeros(1 + _MAX_WORKERS, dtype=torch.int64).share_memory_()
         self._progress: list[Any] | None = None
@@ -265,7 +268,20 @@ class ShardDataset(IterableDataset):
             batch_size=b.batch_size,
             drop_last=b.drop_last,
             samples_per_epoch=self._split.samples_per_epoch,
+            max_cost=b.max_cost,
         )
+
+    def _costs(self) -> np.ndarray | None:
+        """Per-item costs (the loader's cost column), items in manifest order; None unless batching by cost."""
+        b = self._batching
+        if b is None or b.max_cost is None:
+            return None
+        if self._cost_cache is None or self._cost_cache[0] != b.cost:
+            costs = self.source.load_costs(b.cost, self.io)
+            if self.expand is not None:
+                costs = np.repeat(costs, self.expand.count)
+            self._cost_cache = (b.cost, costs)
+        return self._cost_cache[1]
 
     def _item_counts(self) -> np.ndarray | None:
         """Items per shard: samples times the one-to-many count; None without a manifest."""
@@ -295,8 +311,11 @@ class ShardDataset(IterableDataset):
         counts = self._item_counts()
         if counts is None:
             raise TypeError("unknown number of batches: this ShardDataset has no manifest (see `shardflow index`)")
+        split = self._split_config()
+        if split.max_cost is not None:  # cost-bounded batches: the count depends on the epoch's order
+            return self.plan().num_batches
         world = self.world()
-        _, nb, _, _ = rank_share(int(counts.sum()), world.world_size, self._split_config())
+        _, nb, _, _ = rank_share(int(counts.sum()), world.world_size, split)
         return nb
 
     def plan(self, epoch: int | None = None, rank: int | None = None) -> RankPlan:
@@ -310,7 +329,7 @@ class ShardDataset(IterableDataset):
         key = (r, e, self.shuffle, self._split_config())
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1]
-        plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, self._split_config())
+        plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, self._split_config(), self._costs())
         self._plan_cache = (key, plan)
         return plan
 

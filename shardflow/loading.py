@@ -49,6 +49,8 @@ class ShardLoader:
         prefetch_factor: int | None = None,
         multiprocessing_context: Any = None,
         timeout: float = 0,
+        max_cost: int | None = None,
+        cost: str = "num_nodes",
     ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"shardflow.loader needs a ShardDataset, got {type(dataset).__name__}")
@@ -61,7 +63,9 @@ class ShardLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
-        dataset._batching = _Batching(batch_size, drop_last, self.collate_fn)
+        if max_cost is not None and (max_cost < 1 or drop_last):
+            raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
+        dataset._batching = _Batching(batch_size, drop_last, self.collate_fn, max_cost, cost)
         self._dl_kwargs: dict[str, Any] = {
             "batch_size": None,
             "num_workers": num_workers,
@@ -223,6 +227,8 @@ def loader(
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
     timeout: float = 0,
+    max_cost: int | None = None,
+    cost: str = "num_nodes",
 ) -> ShardLoader:
     """Build a :class:`ShardLoader`: a DataLoader with the right settings.
 
@@ -239,6 +245,13 @@ def loader(
         prefetch_factor: batches prefetched per worker (DataLoader's default 2).
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
         timeout: seconds to wait for a batch from a worker (0: forever).
+        max_cost: batch by cost instead of count: a batch takes samples while
+            their summed ``cost`` stays within ``max_cost`` (and at most
+            ``batch_size`` samples); for graph datasets whose sizes vary by
+            orders of magnitude. Every rank still yields the same number of
+            batches (see :class:`~shardflow.plan.SplitConfig`).
+        cost: the per-sample size to sum, a column of the manifest's sizes
+            index: ``"num_nodes"`` or ``"num_edges"`` for graph shards.
 
     Returns:
         The loader; iterate it, ``len()`` it, ``state_dict()`` it.
@@ -254,4 +267,6 @@ def loader(
         prefetch_factor=prefetch_factor,
         multiprocessing_context=multiprocessing_context,
         timeout=timeout,
+        max_cost=max_cost,
+        cost=cost,
     )

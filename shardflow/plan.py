@@ -48,6 +48,7 @@ __all__ = [
     "rank_share",
     "plan_epoch",
     "worker_batches",
+    "cost_batches",
     "buffer_shuffle_order",
     "split_unsized",
 ]
@@ -93,14 +94,23 @@ class SplitConfig:
         drop_last: drop each rank's last incomplete batch.
         samples_per_epoch: fixed samples per rank per epoch (training by steps,
             shards resampled from an endless stream), or None for one pass.
+        max_cost: batch by cost instead of count: consecutive samples join a
+            batch while their summed cost (for graphs: nodes or edges) stays
+            within ``max_cost`` (a sample costlier than that gets a batch of
+            its own), up to ``batch_size`` samples. Every rank still yields the
+            same number of batches: ranks with fewer batches split their
+            largest ones. Needs per-sample costs from the manifest.
     """
 
     partial: Literal["pad", "drop"] = "pad"
     batch_size: int = 1
     drop_last: bool = False
     samples_per_epoch: int | None = None
+    max_cost: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_cost is not None and (self.max_cost < 1 or self.drop_last):
+            raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
         if self.partial not in ("pad", "drop"):
             raise ValueError(f"partial must be 'pad' or 'drop', got {self.partial!r}")
         if self.batch_size < 1:
@@ -137,6 +147,8 @@ class RankPlan:
         read_sample: int64 array, sample index (in its shard) of each read position.
         emit: int64 array, read positions in yield order; batch ``b`` is
             ``emit[b * batch_size : (b + 1) * batch_size]``.
+        batch_ends: with cost batching, int64 array: batch ``b`` ends at
+            ``emit`` position ``batch_ends[b]`` (exclusive); None otherwise.
     """
 
     samples: int
@@ -148,9 +160,12 @@ class RankPlan:
     read_segment: np.ndarray
     read_sample: np.ndarray
     emit: np.ndarray
+    batch_ends: np.ndarray | None = None
 
     def batch_slice(self, batch: int) -> slice:
         """Positions in :attr:`emit` of batch number ``batch``."""
+        if self.batch_ends is not None:
+            return slice(int(self.batch_ends[batch - 1]) if batch else 0, int(self.batch_ends[batch]))
         return slice(batch * self.batch_size, min((batch + 1) * self.batch_size, len(self.emit)))
 
 
@@ -293,6 +308,55 @@ def _interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndar
     return np.asarray(seg_ids, dtype=np.int32), np.asarray(samples, dtype=np.int64)
 
 
+def _rank_order(
+    counts: np.ndarray, rank: int, world_size: int, seed: int, epoch: int, shuffle: ShuffleConfig, split: SplitConfig
+) -> tuple[list[Segment], np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+    """Segments, read order and yield order of one rank's samples."""
+    n, nb, padding, dropped = share = rank_share(int(counts.sum()), world_size, split)
+    used = n if split.max_cost is not None else min(n, nb * split.batch_size)
+    base = rank * n
+    endless = split.samples_per_epoch is not None
+    if endless:
+        base += epoch * world_size * n
+    segments = _positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
+    read_segment, read_sample = _interleave(segments, shuffle.interleave)
+    emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank))
+    return segments, read_segment, read_sample, emit, share
+
+
+def cost_batches(costs: np.ndarray, max_cost: int, max_count: int) -> list[int]:
+    """Greedy batch ends over a cost sequence: a batch takes samples while the
+    summed cost stays within ``max_cost`` and its size within ``max_count``."""
+    ends: list[int] = []
+    total = 0
+    count = 0
+    for i, c in enumerate(costs.tolist()):
+        if count and (total + c > max_cost or count >= max_count):
+            ends.append(i)
+            total = 0
+            count = 0
+        total += c
+        count += 1
+    if count:
+        ends.append(len(costs))
+    return ends
+
+
+def _split_to(ends: list[int], target: int) -> list[int]:
+    """Split the batches with the most samples until there are ``target`` of them."""
+    ends = list(ends)
+    while len(ends) < target:
+        starts = [0, *ends[:-1]]
+        sizes = [e - b for b, e in zip(starts, ends)]
+        i = max(range(len(sizes)), key=lambda j: (sizes[j], -j))
+        if sizes[i] < 2:
+            raise ShardflowError(
+                f"cannot give every rank {target} cost-bounded batches: a rank has only {ends[-1]} samples"
+            )
+        ends.insert(i, starts[i] + sizes[i] // 2)
+    return ends
+
+
 def plan_epoch(
     counts: np.ndarray | list[int],
     rank: int,
@@ -301,6 +365,7 @@ def plan_epoch(
     epoch: int,
     shuffle: ShuffleConfig,
     split: SplitConfig,
+    costs: np.ndarray | None = None,
 ) -> RankPlan:
     """Plan one rank's epoch.
 
@@ -312,35 +377,52 @@ def plan_epoch(
         epoch: the epoch number.
         shuffle: shuffling options.
         split: split options.
+        costs: with ``split.max_cost``: int64 cost of every sample, shards
+            concatenated in manifest order.
 
     Returns:
         The rank's plan. It does not depend on the DataLoader worker count:
         workers take whole batches of it (:func:`worker_batches`).
 
     Raises:
-        ShardflowError: see :func:`rank_share`.
+        ShardflowError: see :func:`rank_share`; or cost batching without costs.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    n, nb, padding, dropped = rank_share(int(counts.sum()), world_size, split)
-    bs = split.batch_size
-    used = min(n, nb * bs)
-    base = rank * n
-    endless = split.samples_per_epoch is not None
-    if endless:
-        base += epoch * world_size * n
-    segments = _positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
-    read_segment, read_sample = _interleave(segments, shuffle.interleave)
-    emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank))
+    segments, read_segment, read_sample, emit, (n, nb, padding, dropped) = _rank_order(
+        counts, rank, world_size, seed, epoch, shuffle, split
+    )
+    batch_ends = None
+    if split.max_cost is not None:
+        if costs is None or len(costs) != int(counts.sum()):
+            raise ShardflowError("batching by cost needs per-sample costs from the manifest (a 'sizes' index per shard)")
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+
+        def rank_ends(segs: list[Segment], rseg: np.ndarray, rsmp: np.ndarray, em: np.ndarray) -> list[int]:
+            shard_of = np.asarray([sg.shard for sg in segs], dtype=np.int64)
+            idx = starts[shard_of[rseg]] + rsmp if len(segs) else np.zeros(0, np.int64)
+            return cost_batches(costs[idx[em]], split.max_cost or 0, split.batch_size)
+
+        per_rank = []
+        for r in range(world_size):
+            if r == rank:
+                per_rank.append(rank_ends(segments, read_segment, read_sample, emit))
+            else:
+                other = _rank_order(counts, r, world_size, seed, epoch, shuffle, split)
+                per_rank.append(rank_ends(*other[:4]))
+        target = max(len(e) for e in per_rank)
+        batch_ends = np.asarray(_split_to(per_rank[rank], target), dtype=np.int64)
+        nb = target
     return RankPlan(
         samples=n,
         padding=padding,
         dropped=dropped,
         num_batches=nb,
-        batch_size=bs,
+        batch_size=split.batch_size,
         segments=tuple(segments),
         read_segment=read_segment,
         read_sample=read_sample,
         emit=emit,
+        batch_ends=batch_ends,
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import storage
 from .errors import ManifestError
-from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, decode_offsets
+from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, decode_offsets, decode_sizes
 from .urls import SHARD_SUFFIXES, expand_urls, join_url, parent_url
 
 __all__ = ["Source", "resolve_source", "load_manifest"]
@@ -47,6 +47,14 @@ class Source:
             return None
         return np.asarray([s.samples for s in self.manifest.shards], dtype=np.int64)
 
+    def load_costs(self, column: str, options: storage.IOOptions) -> np.ndarray:
+        """int64 per-sample values of a size column (``num_nodes``, ...), shards in order.
+
+        Raises:
+            ManifestError: no manifest, no such column, or a shard without a sizes index.
+        """
+        return _costs_of(self, column, options)
+
     def load_offsets(self, shard: int, options: storage.IOOptions) -> np.ndarray | None:
         """The offset index of shard number ``shard``, or None if it has none."""
         url = self.index_urls[shard]
@@ -54,6 +62,26 @@ class Source:
             return None
         data = _read_all(url, options)
         return decode_offsets(data, url, self.manifest.shards[shard].samples)
+
+
+def _costs_of(source: "Source", column: str, options: storage.IOOptions) -> np.ndarray:
+    m = source.manifest
+    if m is None:
+        raise ManifestError("batching by cost needs a manifest with per-sample sizes")
+    columns = list(m.meta.get("size_columns", []))
+    if column not in columns:
+        raise ManifestError(
+            f"{m.url}: no per-sample size {column!r} to batch by (the manifest has {columns or 'none'}); "
+            "graph shards written by shardflow record num_nodes and num_edges"
+        )
+    out = []
+    folder = parent_url(m.url) if m.url else ""
+    for info in m.shards:
+        if not info.sizes:
+            raise ManifestError(f"{m.url}: shard {info.url} has no sizes index, so it cannot be batched by cost")
+        url = join_url(folder, info.sizes)
+        out.append(decode_sizes(_read_all(url, options), url, info.samples, len(columns))[:, columns.index(column)])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _read_all(url: str, options: storage.IOOptions) -> bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any, BinaryIO
 
@@ -57,6 +57,27 @@ def encode_sample_dict(sample: Mapping[str, Any]) -> tuple[str, dict[str, bytes]
     return key, fields
 
 
+SIZE_COLUMNS = ("num_nodes", "num_edges")
+
+
+def graph_sizes(sample: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(num_nodes, num_edges)`` summed over the sample's graph fields, or None
+    when it has none; recorded in the sizes index so loaders can batch by cost."""
+    nodes = edges = 0
+    found = False
+    for name, value in sample.items():
+        if name.startswith("__") or isinstance(value, (bytes, bytearray, memoryview)):
+            continue
+        if type(value).__module__.startswith("torch_geometric"):
+            from .graph import is_graph
+
+            if is_graph(value):
+                found = True
+                nodes += int(value.num_nodes or 0)
+                edges += int(value.num_edges or 0)
+    return (nodes, edges) if found else None
+
+
 class ShardFile:
     """One shard being written: tar bytes, sha256 and the offset index.
 
@@ -76,6 +97,7 @@ class ShardFile:
         self.offsets: list[int] = []
         self.keys: set[str] = set()
         self.fields: set[str] = set()
+        self.sizes: list[tuple[int, ...]] = []
         self.size = 0
         self.info: ShardInfo | None = None
         self._sha = hashlib.sha256()
@@ -86,14 +108,25 @@ class ShardFile:
         self._out = self._stack.enter_context(storage.open_output(self.url, self.options))
         return self
 
-    def write(self, key: str, fields: Mapping[str, bytes]) -> int:
+    def write(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> int:
         """Append one encoded sample; returns its size in bytes.
 
+        Args:
+            key: the sample key.
+            fields: field name -> encoded bytes.
+            sizes: the sample's row of the sizes index (e.g. ``(num_nodes,
+                num_edges)``), given for every sample of the shard or for none.
+
         Raises:
-            SampleError: the key was already written to this shard.
+            SampleError: the key was already written to this shard, or sizes
+                were given for some samples and not for others.
         """
         if key in self.keys:
             raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
+        if (sizes is None) != (not self.sizes) and self.offsets:
+            raise SampleError(f"{self.url}: sample {key!r}: sizes must be given for every sample of a shard or for none")
+        if sizes is not None:
+            self.sizes.append(tuple(int(v) for v in sizes))
         self.keys.add(key)
         data = encode_sample(key, dict(fields))
         self.offsets.append(self.size)
@@ -123,12 +156,18 @@ class ShardFile:
             with storage.open_output(self.index_url, self.options) as f:
                 f.write(encode_offsets([*self.offsets, end]))
             index_rel = posixpath.basename(self.index_url)
+        sizes_rel = None
+        if self.sizes:
+            with storage.open_output(self.url + ".sizes.npy", self.options) as f:
+                f.write(encode_offsets(self.sizes))
+            sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
         self.info = ShardInfo(
             url=posixpath.basename(self.url),
             samples=len(self.offsets),
             bytes=self.size,
             sha256=self._sha.hexdigest(),
             index=index_rel,
+            sizes=sizes_rel,
         )
 
 
@@ -222,10 +261,13 @@ class ShardWriter:
         if self._closed:
             raise ValueError("write() on a closed ShardWriter")
         key, fields = encode_sample_dict(sample)
-        self.write_encoded(key, fields)
+        self.write_encoded(key, fields, graph_sizes(sample))
 
-    def write_encoded(self, key: str, fields: Mapping[str, bytes]) -> None:
-        """Append one already encoded sample ``(key, {field: bytes})``."""
+    def write_encoded(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> None:
+        """Append one already encoded sample ``(key, {field: bytes})``.
+
+        ``sizes`` is the sample's row of the sizes index (see :class:`ShardFile`).
+        """
         size = sum(512 + len(v) + 511 for v in fields.values())
         shard = self._shard
         if shard is not None and (len(shard.offsets) >= self.max_count or (shard.offsets and shard.size + size > self.max_bytes)):
@@ -236,7 +278,9 @@ class ShardWriter:
             self._next += 1
             shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.options).__enter__()
             self._shard = shard
-        shard.write(key, fields)
+        shard.write(key, fields, sizes)
+        if sizes is not None:
+            self.manifest.meta.setdefault("size_columns", list(SIZE_COLUMNS))
         self.count += 1
 
     def _finish_shard(self) -> None:

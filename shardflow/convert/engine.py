@@ -42,7 +42,8 @@ __all__ = ["ConvertOptions", "run_conversion", "Build"]
 
 log = logging.getLogger(__name__)
 
-Build = Callable[[list[Any], Any], Iterator[tuple[str, dict[str, bytes]]]]
+# build(descriptors, context) yields (key, {field: bytes}) or (key, {field: bytes}, sizes row)
+Build = Callable[[list[Any], Any], Iterator[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ def _write_shard(
 ) -> tuple[ShardInfo, list[str]]:
     """Worker: write one shard; returns its manifest entry and field names."""
     with ShardFile(url, index_url, io) as shard:
-        for key, fields in build(descriptors, context):
-            shard.write(key, fields)
+        for item in build(descriptors, context):
+            shard.write(*item)  # (key, fields) or (key, fields, sizes)
     if shard.info is None:  # pragma: no cover - set by a clean exit
         raise ConversionError(f"{url}: shard was not finished")
     return shard.info, sorted(shard.fields)

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ManifestError
 from .keys import codec_extension
 
-__all__ = ["MANIFEST_NAME", "FORMAT_VERSION", "ShardInfo", "Manifest", "encode_offsets", "decode_offsets"]
+__all__ = ["MANIFEST_NAME", "FORMAT_VERSION", "ShardInfo", "Manifest", "encode_offsets", "decode_offsets", "decode_sizes"]
 
 MANIFEST_NAME = "shardflow.json"
 FORMAT_VERSION = 1
@@ -44,6 +44,10 @@ class ShardInfo:
         bytes: size of the shard file in bytes.
         sha256: hex digest of the shard file.
         index: relative path of the offset index ``.npy``, or None.
+        sizes: relative path of the per-sample sizes ``.npy`` (int64, shape
+            (samples, C), columns named by the manifest's ``meta["size_columns"]``,
+            e.g. ``num_nodes``/``num_edges`` for graphs), or None. Used to batch
+            by cost.
     """
 
     url: str
@@ -51,11 +55,14 @@ class ShardInfo:
     bytes: int
     sha256: str | None = None
     index: str | None = None
+    sizes: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
         if self.index:
             out["index"] = self.index
+        if self.sizes:
+            out["sizes"] = self.sizes
         return out
 
 
@@ -122,6 +129,7 @@ class Manifest:
                         bytes=int(entry.get("bytes", -1)),
                         sha256=entry.get("sha256"),
                         index=entry.get("index"),
+                        sizes=entry.get("sizes"),
                     )
                 )
             except (KeyError, TypeError, ValueError) as e:
@@ -136,11 +144,26 @@ def fields_of(names: Iterable[str]) -> dict[str, str]:
     return {name: codec_extension(name) for name in names}
 
 
-def encode_offsets(offsets: Sequence[int] | np.ndarray) -> bytes:
-    """Serialize an offset index as ``.npy`` bytes (int64, no pickle)."""
+def encode_offsets(offsets: Sequence[Any] | np.ndarray) -> bytes:
+    """Serialize an offset index (or a sizes index) as ``.npy`` bytes (int64, no pickle)."""
     buf = io.BytesIO()
     np.save(buf, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
     return buf.getvalue()
+
+
+def decode_sizes(data: bytes, url: str, samples: int, columns: int) -> np.ndarray:
+    """Parse a per-sample sizes index and check it fits the shard.
+
+    Raises:
+        ManifestError: not an integer array of shape (samples, columns).
+    """
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as e:
+        raise ManifestError(f"{url}: sizes index is not a valid .npy: {e}") from e
+    if arr.shape != (samples, columns) or arr.dtype.kind not in "iu":
+        raise ManifestError(f"{url}: sizes index has shape {arr.shape} and dtype {arr.dtype}, expected int ({samples}, {columns})")
+    return arr.astype(np.int64, copy=False)
 
 
 def decode_offsets(data: bytes, url: str, samples: int) -> np.ndarray:
