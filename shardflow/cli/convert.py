@@ -26,9 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         module.register_cli(kinds)
 
 
-def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int = 10_000) -> None:
-    """Options every converter shares: shard size, workers, resume, storage."""
-    parser.add_argument("--max-count", type=int, default=max_count, help=f"samples per shard (default {max_count})")
+def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None = 10_000) -> None:
+    """Options every converter shares: shard size, workers, resume, storage.
+
+    ``max_count=None`` lets the converter choose the shard size (its help says how).
+    """
+    default = f"default {max_count}" if max_count is not None else "default: chosen by the converter"
+    parser.add_argument("--max-count", type=int, default=max_count, help=f"samples per shard ({default})")
     parser.add_argument("--prefix", default="train", help="shard name prefix: PREFIX-000000.tar (default train)")
     parser.add_argument("--workers", type=int, default=None, help="writer processes (default: number of CPUs)")
     parser.add_argument("--no-resume", action="store_true", help="rewrite every shard instead of keeping finished ones")

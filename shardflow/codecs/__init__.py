@@ -12,6 +12,8 @@ Known extensions: see :func:`known_extensions`. Add your own with
 
 from __future__ import annotations
 
+import ast
+import functools
 import gzip
 import io
 import json
@@ -182,8 +184,29 @@ def _enc_npy(value: Any, ext: str) -> bytes:
     return buf.getvalue()
 
 
+@functools.lru_cache(maxsize=256)
+def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """Parse a .npy header dict (cached: datasets repeat a handful of headers)."""
+    meta = ast.literal_eval(header.decode("latin1"))
+    dtype = np.lib.format.descr_to_dtype(meta["descr"])
+    if dtype.hasobject:
+        raise ValueError("object arrays cannot be loaded without pickle")
+    return dtype, tuple(meta["shape"]), bool(meta["fortran_order"])
+
+
 def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    """Decode .npy bytes like ``np.load(allow_pickle=False)``, parsing each distinct
+    header once (``np.load`` spends ~100 us per call in ``ast.literal_eval``)."""
+    if data[:6] != b"\x93NUMPY" or data[6] not in (1, 2, 3):
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    if data[6] == 1:
+        start, hlen = 10, int.from_bytes(data[8:10], "little")
+    else:
+        start, hlen = 12, int.from_bytes(data[8:12], "little")
+    dtype, shape, fortran = _npy_header(data[start : start + hlen])
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=start + hlen)
+    return arr.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 
 def _enc_image(value: Any, ext: str) -> bytes:

@@ -1,0 +1,73 @@
+"""Field codecs: encode/decode round trips, the fast .npy path against np.load, no pickle."""
+
+import gzip
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from shardflow.codecs import DecodeOptions, decode_field, encode_field, known_extensions
+from shardflow.errors import DecodeError, SampleError
+
+OPTS = DecodeOptions()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    hnp.arrays(
+        dtype=st.one_of(hnp.scalar_dtypes(), hnp.byte_string_dtypes(), hnp.unicode_string_dtypes()),
+        shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
+    ),
+    st.booleans(),
+)
+def test_npy_fast_path_equals_np_load(arr, fortran):
+    if fortran:
+        arr = np.asfortranarray(arr)
+    data = encode_field("k", "x.npy", arr)
+    ours = decode_field("x.npy", data, OPTS)
+    ref = np.load(io.BytesIO(data), allow_pickle=False)
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape
+    np.testing.assert_array_equal(ours, ref)
+    assert ours.flags.writeable and ours.flags.f_contiguous == ref.flags.f_contiguous
+
+
+def test_npy_refuses_object_arrays_both_ways():
+    with pytest.raises(SampleError, match="pickle"):
+        encode_field("k", "x.npy", np.array([{"a": 1}], dtype=object))
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DecodeError, match="field 'x.npy'"):
+        decode_field("x.npy", buf.getvalue(), OPTS)
+
+
+def test_scalar_codecs_round_trip():
+    cases = [("cls", 7, 7), ("txt", "héllo wörld", "héllo wörld"), ("json", {"a": [1, 2.5, None]}, {"a": [1, 2.5, None]})]
+    for field, value, expected in cases:
+        assert decode_field(field, encode_field("k", field, value), OPTS) == expected
+    assert encode_field("k", "cls", np.int64(3)) == b"3"
+    assert decode_field("cls", b" 12\n", OPTS) == 12
+
+
+def test_gz_wraps_the_inner_codec():
+    arr = np.arange(10, dtype=np.int32)
+    data = encode_field("k", "x.npy.gz", arr)
+    assert gzip.decompress(data)[:6] == b"\x93NUMPY"
+    np.testing.assert_array_equal(decode_field("x.npy.gz", data, OPTS), arr)
+    assert decode_field("notes.txt.gz", gzip.compress(b"hi"), OPTS) == "hi"
+
+
+def test_pickle_fields_stay_bytes_unless_opted_in():
+    import pickle
+
+    data = pickle.dumps({"a": 1})
+    assert decode_field("x.pkl", data, OPTS) == data
+
+
+def test_unknown_extension_keeps_bytes_and_encoding_lists_known():
+    assert decode_field("x.weird", b"abc", OPTS) == b"abc"
+    with pytest.raises(SampleError, match="use one of the extensions .*npy"):
+        encode_field("k", "x.weird", object())
+    assert {"npy", "json", "cls", "jpg", "pyg"} <= set(known_extensions())
