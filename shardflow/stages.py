@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -225,16 +226,22 @@ def read_planned(
     urls = source.urls
     k = expand
     cached: dict[int, tuple[int, list[Any] | None]] = {}  # segment -> (sample index, its items)
-    # segments in the order they are first read; opening one also opens the next
-    # (read-ahead of the next shard: its bytes stream while this one is decoded)
+    # Read-ahead of the next shards: segments in the order they are first read;
+    # opening one also starts opening the next ones (as many as are open), so
+    # their bytes stream while this one is decoded.
     segs, first_at = np.unique(seg_of, return_index=True)
     opening = segs[np.argsort(first_at, kind="stable")].tolist()
-    next_of = dict(zip(opening, opening[1:]))
+    rank_of = {seg: j for j, seg in enumerate(opening)}
+    scheduled = 0  # opening[:scheduled] are open, done, or being opened
 
     def open_seg(s: int) -> _Opened:
         seg = plan.segments[s]
         return _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
 
+    # segments opened early are opened in a background thread (loading the offset
+    # index is a request too); an error is raised when the segment is reached
+    opener: ThreadPoolExecutor | None = None
+    opened_early: dict[int, Future[_Opened]] = {}
     try:
         for rel in range(hi - lo):
             pos = lo + rel
@@ -262,13 +269,16 @@ def read_planned(
             it = iters.get(s)
             try:
                 if it is None:
-                    it = iters[s] = open_seg(s)
-                    ahead = next_of.get(s)
-                    if ahead is not None and ahead not in iters:
-                        try:
-                            iters[ahead] = open_seg(ahead)
-                        except Exception:  # noqa: BLE001 - not lost: raised again, per policy, when it is reached
-                            log.debug("could not open segment %d ahead of time", ahead, exc_info=True)
+                    early = opened_early.pop(s, None)
+                    scheduled = max(scheduled, rank_of[s] + 1)
+                    it = iters[s] = early.result() if early is not None else open_seg(s)
+                    # as many segments opening ahead as are open now (the interleave)
+                    while scheduled < len(opening) and len(opened_early) < len(iters):
+                        if opener is None:
+                            opener = ThreadPoolExecutor(1, thread_name_prefix="shardflow-open")
+                        ahead = opening[scheduled]
+                        opened_early[ahead] = opener.submit(open_seg, ahead)
+                        scheduled += 1
                 item = next(it, None)
                 if item is None:
                     raise TruncatedShardError(
@@ -316,6 +326,11 @@ def read_planned(
     finally:
         for it in iters.values():
             _close(it)
+        for early in opened_early.values():
+            if not early.cancel() and early.exception() is None:
+                _close(early.result())
+        if opener is not None:
+            opener.shutdown(wait=True)
 
 
 def _close(it: Any) -> None:
