@@ -84,6 +84,12 @@ _ST_DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
 }
+# Little-endian numpy dtypes for the torch dtypes numpy has (bfloat16 and float8 lack one).
+_NP_DTYPES: dict[torch.dtype, np.dtype] = {
+    dt: np.dtype(torch.empty(0, dtype=dt).numpy().dtype).newbyteorder("<")
+    for dt in _ST_DTYPES.values()
+    if dt not in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+}
 # torch dtype name <-> dtype, for increments written inline in the JSON document.
 _INLINE_DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
@@ -497,7 +503,8 @@ def encode_graph(data: Any) -> bytes:
             bfloat16, int64/32/16/8, uint8/16/32/64, bool, complex64, float8), of any
             shape including 0-dim and empty, PyG ``EdgeIndex`` / ``Index``, numpy arrays
             of numbers, and str, int, float, bool, None, or lists, tuples and str-keyed
-            dicts of all these.
+            dicts of all these. Tensors are stored detached and on the CPU; a
+            ``torch.nn.Parameter`` comes back as a plain tensor.
 
     Returns:
         The encoded bytes. A tensor that is a view into a larger storage (every graph
@@ -545,7 +552,12 @@ def encode_graph(data: Any) -> bytes:
 
 
 def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Parse a safetensors container from memory.
+    """Parse a safetensors container from memory, strictly.
+
+    The layout is safetensors' own (8-byte little-endian header length, JSON header,
+    data section that the tensors tile exactly); it is read here rather than with
+    ``safetensors.torch.load`` because that function does not return the metadata
+    (the graph schema) and costs more per small graph than this whole reader.
 
     Returns the metadata dict and the tensors. The tensors are views into one
     private, writable copy of the data section (so a graph's tensors cost one
@@ -575,24 +587,22 @@ def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
         dtype = _ST_DTYPES[info["dtype"]]
         shape = info["shape"]
         start, end = info["data_offsets"]
-        if type(shape) is not list or (shape and min(shape) < 0):
-            raise ValueError(f"tensor {name!r} has an invalid shape {shape!r}")
-        numel = math.prod(shape)
-        itemsize = dtype.itemsize
-        if not 0 <= start <= end <= size or end - start != numel * itemsize:
-            raise ValueError(
-                f"tensor {name!r} (shape {shape}, dtype {info['dtype']}) has data offsets "
-                f"{[start, end]!r} that do not fit its size or the {size}-byte data section"
-            )
-        spans.append((start, end))
-        if numel == 0:
-            tensor = torch.empty(shape, dtype=dtype)
-        elif start % itemsize == 0 and native:
-            tensor = torch.frombuffer(data, dtype=dtype, count=numel, offset=start)
-            if len(shape) != 1:
-                tensor = tensor.view(*shape) if shape else tensor.view(())
+        if type(shape) is not list or type(start) is not int or type(end) is not int:
+            raise ValueError(f"tensor {name!r} has an invalid shape or data offsets")
+        np_dtype = _NP_DTYPES.get(dtype)
+        if np_dtype is not None and native and start % np_dtype.itemsize == 0:
+            # The common case, and the cheapest zero-copy view on the buffer; numpy
+            # refuses negative dims, negative offsets and views past the end.
+            array = np.ndarray(shape, np_dtype, data, start)
+            tensor = torch.from_numpy(array)
+            if array.nbytes != end - start:
+                raise ValueError(
+                    f"tensor {name!r}: shape {shape} and dtype {dtype} do not fit data "
+                    f"offsets {[start, end]}"
+                )
         else:
-            tensor = _tensor_from_bytes(bytes(data[start:end]), dtype).view(shape)
+            tensor = _tensor_without_numpy(data, shape, dtype, start, end, native)
+        spans.append((start, end))
         tensors[name] = tensor
     spans.sort()
     reached = 0
@@ -603,6 +613,21 @@ def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
     if reached != size:
         raise ValueError(f"safetensors data section has {size - reached} trailing bytes")
     return metadata, tensors
+
+
+def _tensor_without_numpy(
+    data: bytearray, shape: list, dtype: torch.dtype, start: int, end: int, native: bool
+) -> torch.Tensor:
+    """A tensor numpy cannot view in place (bfloat16, float8, misaligned, big-endian host)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if (shape and min(shape) < 0) or not 0 <= start <= end <= len(data) or nbytes != end - start:
+        raise ValueError(f"shape {shape} and dtype {dtype} do not fit data offsets {[start, end]}")
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    if start % dtype.itemsize or not native:
+        return _tensor_from_bytes(bytes(data[start:end]), dtype).view(shape)
+    count = nbytes // dtype.itemsize
+    return torch.frombuffer(data, dtype=dtype, count=count, offset=start).view(shape)
 
 
 def _tensor_from_bytes(

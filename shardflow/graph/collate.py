@@ -33,6 +33,7 @@ _N_KEYS = frozenset({"x", "feat", "pos", "batch", "node_type", "n_id", "tf"})
 # Values the fast path passes through as lists (PyG's "anything else" branch).
 _LIST_SCALARS = (str, type(None), bytes, np.ndarray)
 _PLAIN_ITEMS = (str, int, float, bool, type(None), list, tuple, dict)
+_NUMBERS = (int, float, bool)
 _BATCH_CLASSES: dict[type, type] = {}  # Data class -> its Batch class (DataBatch, ...)
 
 
@@ -290,6 +291,8 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
             if value.is_cuda:
                 device = value.device
         elif elem_type is int or elem_type is float or elem_type is bool:
+            if any(type(v) not in _NUMBERS for v in values):
+                return None
             repeats = repeats_for(name, _default_rule(name)[1])
             if repeats is None or any(type(r) is not int for r in repeats):
                 return None
