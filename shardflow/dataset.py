@@ -495,7 +495,7 @@ class ShardDataset(IterableDataset):
         if resume is not None and resume.assignment:
             ids = list(resume.assignment[world.worker]) if world.worker < len(resume.assignment) else []
         else:
-            ids = list(worker_batches(plan.num_batches, world.worker, world.num_workers))
+            ids = list(worker_batches(plan.num_batches, world.worker, world.num_workers, not self.shuffle.enabled))
         return ids
 
     def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy) -> tuple[Iterator[Any], list[int]]:

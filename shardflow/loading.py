@@ -132,7 +132,7 @@ class ShardLoader:
                 from .plan import worker_batches
 
                 nb = ds.num_batches(k)
-                self._lists = [list(worker_batches(nb, w, k)) for w in range(k)]
+                self._lists = [list(worker_batches(nb, w, k, not ds.shuffle.enabled)) for w in range(k)]
         else:
             base = list(resume.skip) if resume is not None else [0] * k
             self._lists = [[b] for b in base]

@@ -19,10 +19,13 @@ With per-shard sample counts (from the manifest), an epoch is planned exactly:
    simulated on sample positions, so the yield order is known before any byte
    is read; resumption uses it to seek to the first unconsumed sample.
 4. **Batches and workers.** The yield order is cut into ``ceil(n / B)``
-   batches (``floor`` with ``drop_last``). Each DataLoader worker takes a
-   contiguous run of whole batches and reads only the samples they hold, so
-   batch contents, per-rank batch counts and ``len()`` do not depend on
-   ``num_workers``; a worker may get none.
+   batches (``floor`` with ``drop_last``). Each DataLoader worker takes whole
+   batches and reads only the samples they hold (seeking with the offset
+   index), so batch contents, per-rank batch counts and ``len()`` do not
+   depend on ``num_workers``; a worker may get none. With shuffling, a worker
+   takes a contiguous run of batches (its own stretch of the stream); without,
+   batches go round robin over the workers, so the DataLoader, which takes one
+   batch from each worker in turn, yields them in stored order.
 
 Over an epoch the ranks and workers together see every sample exactly once,
 plus the declared padding (``partial="pad"``) or minus the declared drop.
@@ -169,8 +172,18 @@ class RankPlan:
         return slice(batch * self.batch_size, min((batch + 1) * self.batch_size, len(self.emit)))
 
 
-def worker_batches(num_batches: int, worker: int, num_workers: int) -> range:
-    """Batch numbers of one DataLoader worker: a contiguous run, sizes differing by at most one."""
+def worker_batches(num_batches: int, worker: int, num_workers: int, interleaved: bool = False) -> range:
+    """Batch numbers of one DataLoader worker; counts differ by at most one.
+
+    Contiguous (default): a run of consecutive batches, so with shuffling each
+    worker reads its own stretch of the stream. Interleaved: batches
+    ``worker, worker + num_workers, ...``; the DataLoader takes one batch from
+    each worker in turn, so the loader yields batches in plan order (stored
+    order when shuffling is off). Readers seek over the other workers'
+    batches with the offset index.
+    """
+    if interleaved:
+        return range(worker, num_batches, num_workers)
     return range(worker * num_batches // num_workers, (worker + 1) * num_batches // num_workers)
 
 

@@ -176,6 +176,44 @@ def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
     return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield"))
 
 
+SEEK_GAP = 16  # unneeded samples read through rather than seeking over them
+
+
+def _runs(plan: RankPlan, positions: np.ndarray, source: Source, expand: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of needed samples: ``(segment, first, last)`` arrays, sorted by (segment, first).
+
+    Within a segment, needed samples further apart than :data:`SEEK_GAP` form
+    separate runs when the shard has an offset index (so the reader can seek);
+    without one a segment is a single run (reading restarts at the shard's start).
+    """
+    seg = plan.read_segment[positions].astype(np.int64)
+    smp = plan.read_sample[positions]
+    order = np.lexsort((smp, seg))
+    seg, smp = seg[order], smp[order]
+    seekable = np.asarray([source.index_urls[s.shard] is not None for s in plan.segments], dtype=bool)
+    new = np.ones(len(seg), dtype=bool)
+    if len(seg) > 1:
+        gap = (smp[1:] // expand) - (smp[:-1] // expand) > SEEK_GAP
+        new[1:] = (seg[1:] != seg[:-1]) | (gap & seekable[seg[1:]])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], len(seg)) - 1
+    return seg[starts], smp[starts], smp[ends]
+
+
+def _run_of(plan: RankPlan, lo: int, hi: int, runs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """Run number of each read position in ``[lo, hi)``, or -1 outside every run."""
+    run_seg, first, last = runs
+    big = np.int64(1) << 40
+    keys = run_seg * big + first
+    seg = plan.read_segment[lo:hi].astype(np.int64)
+    smp = plan.read_sample[lo:hi]
+    idx = np.searchsorted(keys, seg * big + smp, side="right") - 1
+    ok = idx >= 0
+    safe = np.where(ok, idx, 0)
+    ok &= (run_seg[safe] == seg) & (smp <= last[safe])
+    return np.where(ok, idx, -1)
+
+
 def read_planned(
     plan: RankPlan,
     needed: np.ndarray,
@@ -208,21 +246,22 @@ def read_planned(
     positions = np.flatnonzero(needed)
     if positions.size == 0:
         return
-    nseg = len(plan.segments)
-    seg_of = plan.read_segment[positions]
-    smp_of = plan.read_sample[positions]
-    first = np.full(nseg, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(nseg, -1, dtype=np.int64)
-    np.minimum.at(first, seg_of, smp_of)
-    np.maximum.at(last, seg_of, smp_of)
-    iters: dict[int, Iterator[Any]] = {}
-    dead: set[int] = set()
     lo, hi = int(positions[0]), int(positions[-1]) + 1
+    # Reads: runs of needed samples per segment. A gap of more than SEEK_GAP unneeded
+    # samples starts a new run, opened by seeking with the offset index, so a worker
+    # that owns every k-th batch, or a resumed epoch, reads only what it yields.
+    runs = _runs(plan, positions, source, expand)
+    run_seg, first, last = runs
     # plain lists: indexing numpy arrays element by element is several times slower
-    read_segment = plan.read_segment[lo:hi].tolist()
+    run_all = _run_of(plan, lo, hi, runs)
+    read_segment = run_all.tolist()
     read_sample = plan.read_sample[lo:hi].tolist()
     wanted = needed[lo:hi].tolist()
     first_l, last_l = first.tolist(), last.tolist()
+    run_seg_l = run_seg.tolist()
+    seg_of = run_all[positions - lo]
+    iters: dict[int, Iterator[Any]] = {}
+    dead: set[int] = set()
     urls = source.urls
     k = expand
     cached: dict[int, tuple[int, list[Any] | None]] = {}  # segment -> (sample index, its items)
@@ -235,7 +274,7 @@ def read_planned(
     scheduled = 0  # opening[:scheduled] are open, done, or being opened
 
     def open_seg(s: int) -> _Opened:
-        seg = plan.segments[s]
+        seg = plan.segments[run_seg_l[s]]
         return _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
 
     # segments opened early are opened in a background thread (loading the offset
@@ -247,7 +286,7 @@ def read_planned(
             pos = lo + rel
             s = read_segment[rel]
             i = read_sample[rel]
-            if i < first_l[s] or i > last_l[s]:
+            if s < 0 or i < first_l[s] or i > last_l[s]:
                 continue
             if k > 1:
                 hit = cached.get(s)
@@ -265,7 +304,7 @@ def read_planned(
                     policy.stats["skipped"] += 1
                     yield pos, None
                 continue
-            seg = plan.segments[s]
+            seg = plan.segments[run_seg_l[s]]
             it = iters.get(s)
             try:
                 if it is None:
