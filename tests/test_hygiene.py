@@ -1,0 +1,214 @@
+"""Resource hygiene: file descriptors, threads and worker processes come back to what
+they were after a full epoch, an early ``break`` and ``del`` + ``gc.collect()``,
+reading local shards and shards over HTTP, in this process and through DataLoader
+workers; datasets pickle cleanly, spawn workers work, and a transform that cannot be
+pickled is refused with an error that says so.
+
+The HTTP server runs in a child process, so that its threads and sockets are not
+counted with the reader's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import shardflow
+from shardflow.storage import IOOptions
+from tests.servers import wait_until
+
+psutil = pytest.importorskip("psutil")
+
+N, PER = 60, 20
+IO = IOOptions(block_size=16 << 10)  # several chunks per shard: read-ahead has work in flight
+
+_SERVER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from tests.servers import FileHTTPServer
+srv = FileHTTPServer(sys.argv[1]).start()
+print(srv.url, flush=True)
+sys.stdin.read()
+srv.stop()
+"""
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hygiene") / "d"
+    with shardflow.ShardWriter(str(folder / "train-%06d.tar"), max_count=PER) as sink:
+        for i in range(N):
+            sink.write({"__key__": f"{i:06d}", "bin": np.random.default_rng(i).bytes(20_000), "cls": i})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def http_url(shards):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(shards), root], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def idle_http_connections() -> int:
+    """Keep-alive connections idle in the pools of fsspec's HTTP sessions (shardflow's
+    reads share them). They are reused by the next read, not leaked; a connection
+    still held by a response is not idle and counts as in use."""
+    http = sys.modules.get("fsspec.implementations.http")
+    if http is None:
+        return 0
+    idle = 0
+    for fs in list(http.HTTPFileSystem._cache.values()):  # existing instances only: creating one starts a thread
+        connector = getattr(getattr(fs, "_session", None), "connector", None)
+        if connector is not None:
+            idle += sum(len(v) for v in connector._conns.values())  # aiohttp's pool of idle connections
+    return idle
+
+
+def resources() -> tuple[int, int, frozenset, frozenset]:
+    """(file descriptors other than TCP connections, TCP connections in use, threads,
+    child processes). Threads and processes are sets: servers started by other tests
+    in this process may end theirs meanwhile, but none may start and stay."""
+    me = psutil.Process()
+    connected = sum(1 for c in me.net_connections(kind="inet") if c.raddr)
+    threads = frozenset(t.ident for t in threading.enumerate())
+    children = frozenset(c.pid for c in me.children(recursive=True))
+    return me.num_fds() - connected, connected - idle_http_connections(), threads, children
+
+
+def settle(base, fds: bool = True) -> tuple:
+    """Wait until no thread, process, descriptor or connection is left beyond ``base``
+    (threads and processes stop asynchronously); return the counts as they are then."""
+    gc.collect()
+
+    def back() -> bool:
+        now = resources()
+        return (not fds or (now[0] <= base[0] and now[1] <= base[1])) and now[2] <= base[2] and now[3] <= base[3]
+
+    wait_until(back, timeout=15)
+    return resources()
+
+
+def assert_back(base) -> None:
+    fds, connections, threads, children = settle(base)
+    assert threads <= base[2], [t.name for t in threading.enumerate() if t.ident not in base[2]]
+    assert children <= base[3], children - base[3]
+    assert fds <= base[0], f"{fds - base[0]} file descriptors left open"
+    assert connections <= base[1], f"{connections - base[1]} connections left in use"
+
+
+def source_of(kind, shards, http_url) -> str:
+    return str(shards) if kind == "local" else http_url
+
+
+def epoch(ds, workers: int, how: str) -> int:
+    """Read ``ds``: a full pass, a ``break`` in the second shard, or an iterator left
+    mid-shard (dropped by the caller). Returns the samples read."""
+    it = shardflow.loader(ds, batch_size=4, num_workers=workers, collate_fn=list) if workers else ds
+    n = 0
+    if how == "full":
+        for item in it:
+            n += len(item) if workers else 1
+        return n
+    if how == "break":
+        for item in it:
+            n += len(item) if workers else 1
+            if n >= PER + 5:
+                break
+        return n
+    held = iter(it)
+    next(held)
+    next(held)
+    epoch.held = held  # kept alive until the caller drops it (a function attribute: no global)
+    return 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["local", "http"])
+def test_resources_come_back(shards, http_url, kind, workers):
+    source = source_of(kind, shards, http_url)
+    # warm up: imports, fsspec's I/O thread and connection pool (kept for the process)
+    assert epoch(shardflow.ShardDataset(source, decode=None, io=IO), workers, "full") == N
+    gc.collect()
+    base = resources()
+    for how in ("full", "break", "held"):
+        ds = shardflow.ShardDataset(source, decode=None, io=IO, shuffle=True, seed=1)
+        n = epoch(ds, workers, how)
+        assert n == {"full": N, "break": PER + (8 if workers else 5), "held": 2}[how]
+        if how == "break":  # the dataset is still alive; its readers are not
+            _, _, threads, children = settle(base, fds=False)
+            assert threads <= base[2] and children <= base[3], how
+        epoch.held = None
+        del ds
+        assert_back(base)
+
+
+def abandon_three_iterators(source) -> None:
+    ds = shardflow.ShardDataset(source, decode=None, io=IO)
+    iters = [iter(ds) for _ in range(3)]
+    for it in iters:
+        next(it)
+    assert sum(t.name == "shardflow-readahead" for t in threading.enumerate()) >= 3
+
+
+@pytest.mark.parametrize("kind", ["local", "http"])
+def test_abandoned_iterators_are_released_by_gc(shards, http_url, kind):
+    source = source_of(kind, shards, http_url)
+    abandon_three_iterators(source)  # warm-up: the connection pool grows to what this needs
+    settle(resources())
+    base = resources()
+    abandon_three_iterators(source)
+    assert_back(base)
+
+
+# --------------------------------------------------------------------------- pickling and spawn
+
+
+def keep_even(sample):
+    """A module-level transform: picklable, so spawn workers can run it."""
+    return sample if int(sample["cls"]) % 2 == 0 else None
+
+
+def test_datasets_pickle_and_iterate_the_same(shards, http_url, moto_server, s3_prefix, s3_options):
+    base = s3_prefix + "p"
+    fs = moto_server.fs()
+    for name in os.listdir(shards):
+        fs.put_file(str(shards / name), f"{base}/{name}")
+    for source, options in ((str(shards), None), (http_url, None), (base, s3_options)):
+        ds = shardflow.ShardDataset(source, decode=None, shuffle=True, seed=4, transform=keep_even, storage_options=options)
+        first = [s["__key__"] for s in ds]
+        copy = pickle.loads(pickle.dumps(ds))
+        copy.set_epoch(0)
+        assert [s["__key__"] for s in copy] == first and len(first) == N // 2
+        assert copy.io.storage_options == (options or {})
+
+
+def test_spawn_workers(shards):
+    ds = shardflow.ShardDataset(str(shards), decode=None, transform=keep_even)
+    loader = shardflow.loader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn", collate_fn=list)
+    keys = sorted(s["__key__"] for batch in loader for s in batch)
+    assert keys == [f"{i:06d}" for i in range(0, N, 2)]
+    assert ds.stats["filtered"] == N // 2 and ds.stats["samples"] == N // 2 and ds.stats["skipped"] == 0
+
+
+def test_unpicklable_transform_with_spawn_says_so(shards):
+    base = resources()
+    ds = shardflow.ShardDataset(str(shards), decode=None, transform=lambda s: s)
+    loader = shardflow.loader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    with pytest.raises(TypeError, match=r"the transform <function .*<lambda>.* cannot be pickled") as info:
+        list(loader)
+    assert "define it at module level" in str(info.value)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(ds)
+    del loader, ds
+    assert resources()[3] <= base[3]  # no worker was left behind

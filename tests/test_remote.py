@@ -1,0 +1,429 @@
+"""Training straight from buckets: ShardDataset, loader, writer and converter over
+fsspec URLs (moto S3, a loopback HTTP server, memory://), read-ahead of the next
+shard, dropped connections, changed objects, exhausted retries, compressed shards.
+
+Every test compares keys and bytes with the samples as written, and counts exactly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import uuid
+
+import fsspec
+import numpy as np
+import pytest
+
+import shardflow
+from shardflow.errors import RemoteReadError, ShardFormatError
+from shardflow.format.manifest import MANIFEST_NAME
+from shardflow.storage import IOOptions, ShardChangedError
+from tests.servers import wait_until
+
+FAST = IOOptions(backoff=0.0)
+
+
+def payload(i: int, size: int = 1500) -> bytes:
+    """Sample ``i``'s ``bin`` field: distinct bytes of a length that varies with ``i``."""
+    return np.random.default_rng(i).integers(0, 256, size + (i * 37) % 500, dtype=np.uint8).tobytes()
+
+
+def write(pattern: str, n: int, per: int, *, start: int = 0, size: int = 1500, **kwargs) -> dict[str, bytes]:
+    """Write samples ``start .. start+n-1`` (``bin`` + ``cls``); returns key -> bin."""
+    want = {}
+    with shardflow.ShardWriter(pattern, max_count=per, **kwargs) as sink:
+        for i in range(start, start + n):
+            key = f"{i:06d}"
+            want[key] = payload(i, size)
+            sink.write({"__key__": key, "bin": want[key], "cls": i})
+    return want
+
+
+def got(items) -> list[tuple[str, bytes]]:
+    return [(s["__key__"], s["bin"]) for s in items]
+
+
+def in_order(want: dict[str, bytes]) -> list[tuple[str, bytes]]:
+    return sorted(want.items())
+
+
+def serve_folder(srv, folder, sub: str = "") -> None:
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            srv.put(f"{sub}{name}", f.read())
+
+
+# --------------------------------------------------------------------------- S3 (moto)
+
+
+def test_s3_sources_and_storage_options(moto_server, s3_prefix, s3_options):
+    base = s3_prefix + "ds"
+    want = write(base + "/train-%06d.tar", 25, 10, storage_options=s3_options)
+    fs = moto_server.fs()
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(base, refresh=True))
+    assert names == [MANIFEST_NAME] + [f"train-{i:06d}.tar{x}" for i in range(3) for x in ("", ".idx.npy")]
+    urls = [f"{base}/train-{i:06d}.tar" for i in range(3)]
+    sources = [base, base + "/", base + "/" + MANIFEST_NAME, base + "/train-{000000..000002}.tar", base + "/train-*.tar", urls]
+    for source in sources:
+        ds = shardflow.ShardDataset(source, decode=None, storage_options=s3_options)
+        assert ds.sized and len(ds) == 25, source
+        assert ds.urls == urls, source
+        assert got(ds) == in_order(want), source
+    # shuffled, through 2 DataLoader workers: every sample once, bytes intact
+    ds = shardflow.ShardDataset(base, decode=None, shuffle=True, seed=3, storage_options=s3_options)
+    seen = []
+    for batch in shardflow.loader(ds, batch_size=4, num_workers=2, collate_fn=list):
+        seen += got(batch)
+    assert len(seen) == 25 and sorted(seen) == in_order(want)
+    assert ds.stats["samples"] == 25 and ds.stats["skipped"] == 0
+
+
+def test_s3_options_by_protocol_and_io(moto_server, s3_prefix, s3_options):
+    base = s3_prefix + "ds"
+    want = write(base + "/train-%06d.tar", 6, 4, storage_options=s3_options)
+    ds = shardflow.ShardDataset(base, decode=None, io=IOOptions(storage_options={"s3": s3_options}))
+    assert got(ds) == in_order(want)
+    with pytest.raises(ValueError, match="not both"):
+        shardflow.ShardDataset(base, io=IOOptions(), storage_options=s3_options)
+
+
+def test_s3_writer_shard_appears_only_when_complete(moto_server, s3_prefix, s3_options):
+    fs = moto_server.fs()
+    base = s3_prefix + "w"
+    shard = lambda i: f"{base}/train-{i:06d}.tar"  # noqa: E731
+    sink = shardflow.ShardWriter(base + "/train-%06d.tar", max_count=500, storage_options=s3_options)
+    for i in range(499):
+        sink.write({"__key__": f"{i:06d}", "x.npy": np.full(3, i), "y.txt": str(i)})
+    fs.invalidate_cache()
+    assert not fs.exists(shard(0)) and not fs.exists(base + "/" + MANIFEST_NAME)
+    for i in range(499, 700):
+        sink.write({"__key__": f"{i:06d}", "x.npy": np.full(3, i), "y.txt": str(i)})
+    fs.invalidate_cache()
+    assert fs.exists(shard(0)) and not fs.exists(shard(1))  # shard 1 holds 200 so far
+    sink.abort()  # the crash of C08: shard 1 never appears, the manifest lists shard 0 only
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(base, refresh=True))
+    assert names == [MANIFEST_NAME, "train-000000.tar", "train-000000.tar.idx.npy"]  # no temporary left
+    ds = shardflow.ShardDataset(base, decode="numpy", storage_options=s3_options)
+    samples = list(ds)
+    assert len(ds) == 500 and [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(500)]
+    assert all(s["y.txt"] == str(i) and s["x.npy"].tolist() == [i] * 3 for i, s in enumerate(samples))
+
+
+def _jpeg(seed: int) -> bytes:
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 256, (12, 10, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_imagefolder_converter_writes_to_s3(moto_server, s3_prefix, s3_options, tmp_path):
+    imagefolder = pytest.importorskip("shardflow.convert.imagefolder")
+    from shardflow.convert.engine import ConvertOptions
+
+    src = tmp_path / "tree"
+    files = {}
+    for c, cls in enumerate(["cat", "dog"]):
+        (src / cls).mkdir(parents=True)
+        for j in range(3):
+            data = _jpeg(10 * c + j)
+            (src / cls / f"{j:04d}.jpg").write_bytes(data)
+            files[(cls, j)] = data
+    dst = s3_prefix + "converted"
+    manifest = imagefolder.convert_imagefolder(
+        str(src), dst, options=ConvertOptions(max_count=4, workers=2, storage_options=s3_options)
+    )
+    assert manifest.meta["class_to_idx"] == {"cat": 0, "dog": 1}
+    assert [s.samples for s in manifest.shards] == [4, 2]
+    ds = shardflow.ShardDataset(dst, decode=None, storage_options=s3_options)
+    samples = list(ds)
+    assert len(ds) == 6 and len(samples) == 6
+    assert sorted((int(s["cls"]), s["jpg"]) for s in samples) == sorted(
+        (0 if cls == "cat" else 1, data) for (cls, _j), data in files.items()
+    )
+    decoded = list(shardflow.ShardDataset(dst, decode="numpy", storage_options=s3_options))
+    assert all(s["jpg"].shape == (12, 10, 3) for s in decoded)
+
+
+# --------------------------------------------------------------------------- HTTP and memory://
+
+
+def test_http_with_and_without_manifest(http_server, tmp_path):
+    srv = http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 25, 10)
+    serve_folder(srv, tmp_path / "d", "with/")
+    urls = [srv.url_for(f"with/train-{i:06d}.tar") for i in range(3)]
+    for source in [srv.url + "/with/" + MANIFEST_NAME, srv.url + "/with", srv.url + "/with/train-{000000..000002}.tar", urls]:
+        ds = shardflow.ShardDataset(source, decode=None)
+        assert ds.sized and len(ds) == 25 and ds.urls == urls, source
+        assert got(ds) == in_order(want), source
+    # the same shards without manifest nor offset indexes: an unsized stream
+    for name in os.listdir(tmp_path / "d"):
+        if name.endswith(".tar"):
+            srv.put("bare/" + name, (tmp_path / "d" / name).read_bytes())
+    for source in [srv.url + "/bare/train-{000000..000002}.tar", srv.url + "/bare"]:
+        ds = shardflow.ShardDataset(source, decode=None)
+        assert not ds.sized, source
+        with pytest.raises(TypeError):
+            len(ds)
+        assert got(ds) == in_order(want), source
+    ds = shardflow.ShardDataset(srv.url + "/bare/train-{000000..000002}.tar", decode=None)
+    seen = [kb for batch in shardflow.loader(ds, batch_size=4, num_workers=2, collate_fn=list) for kb in got(batch)]
+    assert sorted(seen) == in_order(want) and len(seen) == 25
+
+
+def test_memory_filesystem_round_trip():
+    base = f"memory://remote-{uuid.uuid4().hex}/ds"
+    want = write(base + "/train-%06d.tar", 9, 4)
+    assert sorted(fsspec.filesystem("memory").ls(base, detail=False))[0].endswith(MANIFEST_NAME)
+    for source in [base, base + "/" + MANIFEST_NAME, base + "/train-{000000..000002}.tar"]:
+        ds = shardflow.ShardDataset(source, decode=None)
+        assert len(ds) == 9 and got(ds) == in_order(want), source
+
+
+# --------------------------------------------------------------------------- read-ahead of the next shard
+
+
+def test_next_shard_streams_while_this_one_is_read(http_server, tmp_path):
+    srv = http_server
+    write(str(tmp_path / "d" / "train-%06d.tar"), 30, 10)
+    serve_folder(srv, tmp_path / "d")
+    gets = lambda i: srv.stats.gets_by_path.get(f"train-{i:06d}.tar", 0)  # noqa: E731
+    ds = shardflow.ShardDataset(srv.url, decode=None)
+    it = iter(ds)
+    assert next(it)["__key__"] == "000000"
+    # shard 1 is being fetched while shard 0 is read; shard 2 waits for its turn
+    assert wait_until(lambda: gets(1) == 1)
+    assert gets(0) == 1 and gets(2) == 0
+    for _ in range(10):
+        next(it)  # into shard 1: now shard 2 streams ahead
+    assert wait_until(lambda: gets(2) == 1)
+    it.close()
+    # read-ahead off: nothing is fetched before it is needed
+    srv.reset_stats()
+    it = iter(shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(readahead=0)))
+    next(it)
+    assert gets(0) == 1 and gets(1) == 0
+    it.close()
+
+
+def test_unsized_stream_reads_ahead_too(http_server, tmp_path):
+    srv = http_server
+    write(str(tmp_path / "d" / "train-%06d.tar"), 20, 10, manifest=False, index=False)
+    serve_folder(srv, tmp_path / "d")
+    ds = shardflow.ShardDataset(srv.url + "/train-{000000..000001}.tar", decode=None)
+    assert not ds.sized
+    it = iter(ds)
+    next(it)
+    assert wait_until(lambda: srv.stats.gets_by_path.get("train-000001.tar", 0) == 1)
+    it.close()
+
+
+# --------------------------------------------------------------------------- surviving the network
+
+
+@pytest.fixture
+def flaky_data(flaky_http_server, tmp_path):
+    """30 samples in 3 shards of ~20 KB on the flaky server, plus what was written."""
+    srv = flaky_http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 30, 10)
+    serve_folder(srv, tmp_path / "d")
+    return srv, want
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+def test_dropped_connections_one_epoch_exact(flaky_data, reset):
+    srv, want = flaky_data
+    srv.faults.drop_after = 7_000  # each response cut after 7000 body bytes
+    srv.faults.reset = reset
+    srv.faults.max_drops = None if not reset else 6
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=FAST)
+    assert got(ds) == in_order(want)
+    assert ds.stats["samples"] == 30 and ds.stats["skipped"] == 0
+    assert srv.stats.drops >= (6 if reset else 9)
+
+
+def test_dropped_connections_shuffled_through_workers(flaky_data):
+    srv, want = flaky_data
+    srv.faults.drop_after = 7_000
+    ds = shardflow.ShardDataset(srv.url, decode=None, shuffle=True, seed=1, io=FAST)
+    seen = [kb for batch in shardflow.loader(ds, batch_size=4, num_workers=2, collate_fn=list) for kb in got(batch)]
+    assert len(seen) == 30 and sorted(seen) == in_order(want)
+    assert ds.stats["samples"] == 30 and ds.stats["skipped"] == 0
+    assert srv.stats.drops > 0
+
+
+def test_dropped_connections_unsized(flaky_http_server, tmp_path):
+    srv = flaky_http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 30, 10, manifest=False, index=False)
+    serve_folder(srv, tmp_path / "d")
+    srv.faults.drop_after = 7_000
+    ds = shardflow.ShardDataset(srv.url + "/train-{000000..000002}.tar", decode=None, io=FAST)
+    assert not ds.sized
+    assert got(ds) == in_order(want)
+    assert srv.stats.drops >= 9
+
+
+def test_object_changed_between_reads(flaky_data):
+    srv, want = flaky_data
+    srv.faults.drop_after = 7_000
+    srv.faults.max_drops = 1
+    srv.faults.change_on_drop = b"\0" * 1024  # the first shard is rewritten after the drop
+    url = srv.url_for("train-000000.tar")
+    with pytest.raises(ShardChangedError) as info:
+        list(shardflow.ShardDataset(srv.url, decode=None, io=FAST))
+    assert url in str(info.value) and "changed" in str(info.value)
+    assert srv.stats.changes == 1
+
+
+def test_object_changed_skip_counts_the_lost_samples(flaky_data, tmp_path):
+    srv, want = flaky_data
+    srv.faults.drop_after = 7_000
+    srv.faults.max_drops = 1
+    srv.faults.change_on_drop = b"\0" * 1024
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=FAST, on_error="skip")
+    # The first 7000 bytes of shard 0 arrived. A sample is complete once the next
+    # sample's first member (its bin) is: sample j is kept iff that ends by byte 7000.
+    offsets = np.load(os.path.join(tmp_path, "d", "train-000000.tar.idx.npy"))
+    ends = [int(offsets[j + 1]) + 512 + (len(want[f"{j + 1:06d}"]) + 511) // 512 * 512 for j in range(9)]
+    kept = sum(1 for e in ends if e <= 7000)
+    assert kept == 1
+    assert got(ds) == in_order(want)[:kept] + in_order(want)[10:]
+    assert ds.stats["remote_read"] == 1
+    assert ds.stats["lost_samples"] == 10 - kept == ds.stats["skipped"]
+    assert ds.stats["samples"] == 20 + kept
+
+
+def _retry_case(srv, tmp_path):
+    """Shard 1 of 3 has big samples; every response reaching byte ``cut`` of a file is
+    cut there, inside the ``cls`` header of shard 1's sample 6 (the other files are
+    smaller than ``cut``). Returns (cut, what was written)."""
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, size=200)
+    want.update(write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, start=10, size=3000, start_shard=1, manifest=False))
+    want.update(write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, start=20, size=200, start_shard=2, manifest=False))
+    # one manifest for the three shards
+    from shardflow.indexing import index_shards
+
+    index_shards([str(tmp_path / "d" / f"train-{i:06d}.tar") for i in range(3)])
+    offsets = np.load(tmp_path / "d" / "train-000001.tar.idx.npy")
+    bin_member = 512 + (len(want["000016"]) + 511) // 512 * 512
+    cut = int(offsets[6]) + bin_member + 100
+    assert all(os.path.getsize(tmp_path / "d" / n) < cut for n in os.listdir(tmp_path / "d") if "000001.tar" not in n)
+    serve_folder(srv, tmp_path / "d")
+    srv.faults.drop_at = cut
+    return cut, want
+
+
+def test_retries_exhausted_raise_names_url_and_offset(flaky_http_server, tmp_path):
+    srv = flaky_http_server
+    cut, _ = _retry_case(srv, tmp_path)
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(retries=2, backoff=0.0))
+    with pytest.raises(RemoteReadError) as info:
+        list(ds)
+    message = str(info.value)
+    assert srv.url_for("train-000001.tar") in message
+    assert f"at byte {cut}" in message and "after 2 retries" in message
+    assert not isinstance(info.value, ShardChangedError)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["manifest", "no-manifest"])
+def test_retries_exhausted_skip_counts_lost_tail_and_goes_on(flaky_http_server, tmp_path, sized):
+    srv = flaky_http_server
+    _, want = _retry_case(srv, tmp_path)
+    io_opts = IOOptions(retries=2, backoff=0.0)
+    source = srv.url if sized else [srv.url_for(f"train-{i:06d}.tar") for i in range(3)]
+    if not sized:
+        os.remove(os.path.join(srv.root, MANIFEST_NAME))
+    ds = shardflow.ShardDataset(source, decode=None, io=io_opts, on_error="skip")
+    assert ds.sized is sized
+    kept = [f"{i:06d}" for i in range(16)] + [f"{i:06d}" for i in range(20, 30)]
+    assert got(ds) == [(k, want[k]) for k in kept]
+    assert ds.stats["remote_read"] == 1 and ds.stats["samples"] == 26
+    if sized:  # the manifest says how many samples the shard took with it
+        assert ds.stats["lost_samples"] == 4 and ds.stats["skipped"] == 4
+    else:
+        assert ds.stats["lost_samples"] == 0
+
+
+def test_retries_exhausted_through_workers(flaky_http_server, tmp_path):
+    srv = flaky_http_server
+    _, want = _retry_case(srv, tmp_path)
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(retries=2, backoff=0.0), on_error="skip")
+    seen = [kb for batch in shardflow.loader(ds, batch_size=5, num_workers=2, collate_fn=list) for kb in got(batch)]
+    kept = [f"{i:06d}" for i in range(16)] + [f"{i:06d}" for i in range(20, 30)]
+    assert sorted(seen) == [(k, want[k]) for k in kept]  # batches of the two workers alternate
+    assert ds.stats["remote_read"] == 1 and ds.stats["lost_samples"] == 4
+    assert ds.stats["samples"] == 26 and ds.stats["skipped"] == 4
+    # on_error="raise": re-raised in the main process, naming the shard and the offset
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(retries=1, backoff=0.0))
+    with pytest.raises(RemoteReadError, match=re.escape(srv.url_for("train-000001.tar")) + ".* at byte"):
+        list(shardflow.loader(ds, batch_size=5, num_workers=2))
+
+
+# --------------------------------------------------------------------------- compressed shards
+
+
+def _compress(kind: str, data: bytes) -> bytes:
+    if kind == "gz":
+        return gzip.compress(data)
+    zstandard = pytest.importorskip("zstandard")
+    return zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_compressed_shards_stream_local_and_http(kind, tmp_path, http_server):
+    want = write(str(tmp_path / "plain" / "train-%06d.tar"), 25, 10)
+    folder = tmp_path / kind
+    folder.mkdir()
+    for i in range(3):  # named .tar: detected by magic bytes, not by suffix
+        name = f"train-{i:06d}.tar"
+        (folder / name).write_bytes(_compress(kind, (tmp_path / "plain" / name).read_bytes()))
+        http_server.put(f"{kind}/{name}", (folder / name).read_bytes())
+    local_urls = [str(folder / f"train-{i:06d}.tar") for i in range(3)]
+    http_urls = [http_server.url_for(f"{kind}/train-{i:06d}.tar") for i in range(3)]
+    for urls in (local_urls, http_urls):
+        ds = shardflow.ShardDataset(urls, decode=None)
+        assert got(ds) == in_order(want)
+    # indexed (a manifest with counts, no offset index for compressed shards): exact splits
+    from shardflow.indexing import index_shards
+
+    manifest = index_shards(local_urls)
+    assert [s.index for s in manifest.shards] == [None] * 3
+    ranks = [list(shardflow.ShardDataset(str(folder), decode=None, rank=r, world_size=2)) for r in range(2)]
+    assert [len(r) for r in ranks] == [13, 13]  # 25 samples, padded to 26
+    assert sorted({k for r in ranks for k in (s["__key__"] for s in r)}) == sorted(want)
+
+
+def test_gzip_content_encoding_is_not_undone_twice(http_server, tmp_path):
+    want = write(str(tmp_path / "plain" / "train-%06d.tar"), 12, 12)
+    body = gzip.compress((tmp_path / "plain" / "train-000000.tar").read_bytes())
+    url = http_server.put("enc/train-000000.tar", body)
+    http_server.faults.content_encoding = {"enc/train-000000.tar": "gzip"}
+    assert got(shardflow.ShardDataset([url], decode=None)) == in_order(want)
+    loader = shardflow.loader(shardflow.ShardDataset([url], decode=None), batch_size=5, num_workers=2, collate_fn=list)
+    assert sorted(kb for b in loader for kb in got(b)) == in_order(want)
+
+
+def test_random_access_on_compressed_shards_is_refused(tmp_path):
+    write(str(tmp_path / "d" / "train-%06d.tar"), 12, 6)
+    for name in os.listdir(tmp_path / "d"):
+        if name.endswith(".tar"):  # compressed after the manifest and offset indexes were written
+            path = tmp_path / "d" / name
+            path.write_bytes(gzip.compress(path.read_bytes()))
+    # map-style dataset: found by magic bytes when the shard is opened
+    ix = shardflow.IndexedShardDataset(str(tmp_path / "d"), decode=None)
+    with pytest.raises(ShardFormatError, match=r"train-000000\.tar: compressed shard") as info:
+        ix[3]
+    assert info.value.reason == "compressed_shard"
+    # streaming with the offset index (rank 1 seeks into shard 1): the same clear error
+    with pytest.raises(ShardFormatError, match=r"train-00000[01]\.tar: compressed shard .*offset index") as info:
+        list(shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=2))
+    assert info.value.reason == "compressed_shard"
+    ds = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, on_error="skip")
+    with pytest.raises(shardflow.errors.ShardflowError, match="yielded no sample"):
+        list(ds)
+    assert ds.stats["compressed_shard"] == 2 and ds.stats["lost_samples"] == 12
