@@ -504,8 +504,7 @@ class ShardDataset(IterableDataset):
         prepare = self._preparer(epoch, policy) if self.expand is not None else None
         if self.sized:
             plan = self.plan(epoch, world.rank)
-            sizes = [len(range(*plan.batch_slice(b).indices(len(plan.emit)))) for b in ids]
-            order = np.concatenate([plan.emit[plan.batch_slice(b)] for b in ids]) if ids else np.zeros(0, np.int64)
+            sizes, order = plan.batch_positions(ids)
             needed = np.zeros(len(plan.emit), dtype=bool)
             needed[order] = True
             raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets, k, prepare)

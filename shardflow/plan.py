@@ -34,6 +34,7 @@ plus the declared padding (``partial="pad"``) or minus the declared drop.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -164,6 +165,22 @@ class RankPlan:
     read_sample: np.ndarray
     emit: np.ndarray
     batch_ends: np.ndarray | None = None
+
+    def batch_positions(self, batches: Sequence[int]) -> tuple[list[int], np.ndarray]:
+        """Sizes of the given batches and their :attr:`emit` entries, concatenated in order."""
+        ids = np.asarray(batches, dtype=np.int64)
+        if self.batch_ends is not None:
+            ends = self.batch_ends
+        else:
+            ends = np.minimum(np.arange(1, self.num_batches + 1, dtype=np.int64) * self.batch_size, len(self.emit))
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        lo, hi = starts[ids], ends[ids]
+        sizes = hi - lo
+        if ids.size == 0:
+            return [], np.zeros(0, np.int64)
+        # positions lo[j] .. hi[j]-1 of every batch j, without a Python loop
+        offsets = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+        return sizes.tolist(), self.emit[np.arange(int(sizes.sum()), dtype=np.int64) + offsets]
 
     def batch_slice(self, batch: int) -> slice:
         """Positions in :attr:`emit` of batch number ``batch``."""

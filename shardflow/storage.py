@@ -1238,7 +1238,11 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     """
     _check_range(start, end)
     url = os.fspath(url)
-    if options.cache_dir is not None and not _is_local(url):
+    if _is_local(url):
+        # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
+        # (measured: ~20% of raw iteration time spent waiting on its queue).
+        return _chunks(url, start, end, options)
+    if options.cache_dir is not None:
         source = _cached_chunks(url, start, end, options)
     else:
         source = _chunks(url, start, end, options)
