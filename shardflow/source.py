@@ -102,15 +102,9 @@ def load_manifest(url: str, options: storage.IOOptions) -> Manifest:
 
 
 def _is_dir(url: str, options: storage.IOOptions) -> bool:
-    if "://" not in url:
-        return os.path.isdir(url)
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **dict(options.storage_options))
-    try:
-        return bool(fs.isdir(path))
-    except Exception:  # some filesystems (http) cannot tell
+    if url.endswith(SHARD_SUFFIXES):  # a shard, not a folder (an HTTP "isdir" would download it)
         return False
+    return storage.is_dir(url, options)
 
 
 def _from_manifest(manifest: Manifest, murl: str, urls: Sequence[str] | None = None) -> Source:

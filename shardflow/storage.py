@@ -11,7 +11,7 @@ Everything that touches bytes on disk or on a remote store goes through here:
   is the entry point of the tar reader;
 - :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
 - :func:`open_output` writes an object atomically (it appears only when complete);
-- :func:`join_url`, :func:`exists`, :func:`list_glob`, :func:`object_size`.
+- :func:`join_url`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`.
 
 Remote I/O is fsspec's (``s3://``, ``gs://``, ``http(s)://``, ``memory://`` ...). HTTP
 bodies are read raw: ``Accept-Encoding: identity`` is sent and a ``Content-Encoding``
@@ -64,6 +64,7 @@ __all__ = [
     "decompressing_chunks",
     "exists",
     "is_compressed",
+    "is_dir",
     "iter_chunks",
     "join_url",
     "list_glob",
@@ -748,6 +749,31 @@ def exists(url: str, options: IOOptions = _DEFAULT_OPTIONS) -> bool:
     with contextlib.suppress(Exception):
         fs.invalidate_cache(path)
     return bool(_call_with_retries(url, 0, options, lambda: fs.exists(path)))
+
+
+def is_dir(url: str, options: IOOptions = _DEFAULT_OPTIONS) -> bool:
+    """Whether ``url`` names a directory (on object stores: a prefix with objects under it).
+
+    A filesystem that cannot tell (an HTTP server without listings) answers False;
+    transient failures are retried like reads, and a failure that remains raises
+    :class:`RemoteReadError` rather than passing for "not a directory".
+    """
+    url = os.fspath(url)
+    if _is_local(url):
+        return os.path.isdir(_local_path(url))
+    fs, path = _filesystem(url, options)
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)
+
+    def check() -> bool:
+        try:
+            return bool(fs.isdir(path))
+        except (FileNotFoundError, NotImplementedError, ValueError) as exc:
+            if _is_transient(exc):  # fsspec's HTTP reports a 503 as FileNotFoundError too
+                raise
+            return False
+
+    return bool(_call_with_retries(url, 0, options, check))
 
 
 def list_glob(pattern: str, options: IOOptions = _DEFAULT_OPTIONS) -> list[str]:
