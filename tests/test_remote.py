@@ -81,10 +81,15 @@ def test_s3_sources_and_storage_options(moto_server, s3_prefix, s3_options):
     assert ds.stats["samples"] == 25 and ds.stats["skipped"] == 0
 
 
-def test_s3_options_by_protocol_and_io(moto_server, s3_prefix, s3_options):
+def test_s3_options_by_protocol_and_io(moto_server, s3_prefix, s3_options, monkeypatch):
     base = s3_prefix + "ds"
     want = write(base + "/train-%06d.tar", 6, 4, storage_options=s3_options)
+    # only the options reach the server now (no endpoint in the environment): the folder
+    # check, the manifest, the offset indexes and the shards all use them
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     ds = shardflow.ShardDataset(base, decode=None, io=IOOptions(storage_options={"s3": s3_options}))
+    assert ds.sized and len(ds) == 6
     assert got(ds) == in_order(want)
     with pytest.raises(ValueError, match="not both"):
         shardflow.ShardDataset(base, io=IOOptions(), storage_options=s3_options)
@@ -174,6 +179,21 @@ def test_http_with_and_without_manifest(http_server, tmp_path):
     ds = shardflow.ShardDataset(srv.url + "/bare/train-{000000..000002}.tar", decode=None)
     seen = [kb for batch in shardflow.loader(ds, batch_size=4, num_workers=2, collate_fn=list) for kb in got(batch)]
     assert sorted(seen) == in_order(want) and len(seen) == 25
+
+
+def test_folder_check_is_retried_not_mistaken_for_a_shard(flaky_http_server, tmp_path):
+    srv = flaky_http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 12, 5)
+    serve_folder(srv, tmp_path / "d")
+    srv.faults.fail_next = 2  # the folder check meets two 503s
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=FAST)
+    assert ds.sized and ds.urls == [srv.url_for(f"train-{i:06d}.tar") for i in range(3)]
+    assert got(ds) == in_order(want) and srv.stats.failures == 2
+    # a shard URL is not probed as a folder (over HTTP that would download it)
+    srv.reset_stats()
+    ds = shardflow.ShardDataset(srv.url_for("train-000001.tar"), decode=None)
+    assert srv.stats.gets_by_path.get("train-000001.tar", 0) == 0
+    assert ds.sized and len(ds) == 5 and got(ds) == in_order(want)[5:10]
 
 
 def test_memory_filesystem_round_trip():
