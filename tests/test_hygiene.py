@@ -158,7 +158,8 @@ def abandon_three_iterators(source) -> None:
     iters = [iter(ds) for _ in range(3)]
     for it in iters:
         next(it)
-    assert sum(t.name == "shardflow-readahead" for t in threading.enumerate()) >= 3
+    if "://" in source:  # remote streams run in read-ahead threads (local files need none)
+        assert sum(t.name == "shardflow-readahead" for t in threading.enumerate()) >= 3
 
 
 @pytest.mark.parametrize("kind", ["local", "http"])
@@ -201,6 +202,7 @@ def test_spawn_workers(shards):
     assert ds.stats["filtered"] == N // 2 and ds.stats["samples"] == N // 2 and ds.stats["skipped"] == 0
 
 
+@pytest.mark.filterwarnings("ignore:Got pickle error when attempting to start a worker:UserWarning")
 def test_unpicklable_transform_with_spawn_says_so(shards):
     base = resources()
     ds = shardflow.ShardDataset(str(shards), decode=None, transform=lambda s: s)
