@@ -82,8 +82,17 @@ def resources() -> tuple[int, int, frozenset, frozenset]:
     me = psutil.Process()
     connected = sum(1 for c in me.net_connections(kind="inet") if c.raddr)
     threads = frozenset(t.ident for t in threading.enumerate())
-    children = frozenset(c.pid for c in me.children(recursive=True))
+    children = frozenset(c.pid for c in me.children(recursive=True) if not _helper(c))
     return me.num_fds() - connected, connected - idle_http_connections(), threads, children
+
+
+def _helper(proc) -> bool:
+    """multiprocessing's resource tracker: started once per process by the first spawn
+    context, and kept for the life of the process by design."""
+    try:
+        return "resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def settle(base, fds: bool = True) -> tuple:
