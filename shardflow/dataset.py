@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from . import stages, storage
 from .codecs import DecodeOptions
-from .errors import MissingFieldError, SampleError, ShardflowError, StateError
+from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, StateError
 from .expand import Expand
 from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized, worker_batches
 from .source import Source, resolve_source
@@ -470,7 +470,23 @@ class ShardDataset(IterableDataset):
     # ------------------------------------------------------------ iteration
 
     def _offsets(self, shard: int) -> np.ndarray | None:
+        """The shard's offset index (None without one), after checking that the shard
+        still has the size the manifest lists: offsets into a changed shard would
+        cut samples in the wrong places."""
         if shard not in self._offset_cache:
+            manifest = self.source.manifest
+            if manifest is not None and manifest.shards[shard].bytes >= 0:
+                url = self.source.urls[shard]
+                listed = manifest.shards[shard].bytes
+                size = storage.object_size(url, self.io)
+                # shorter: cut short after indexing; reading it yields the samples before the cut
+                # and then reports the truncation. Longer: the shard was replaced.
+                if size > listed:
+                    raise ManifestError(
+                        f"{url}: the shard has {size} bytes but the manifest lists {listed}: it changed since the "
+                        "manifest was written (re-run `shardflow index`, or restore the shard)",
+                        reason="changed_shard",
+                    )
             self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
         return self._offset_cache[shard]
 

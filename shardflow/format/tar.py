@@ -139,7 +139,12 @@ def iter_members(
             pos = 0
             if not ok:
                 if not buf and not empty and first_offset is None:
-                    return offset  # ended on a member boundary without an end-of-archive marker
+                    # Every tar writer ends with the end-of-archive marker; a stream that stops
+                    # on a member boundary without it was cut short, and its last sample may
+                    # be missing members, so it must not be yielded as complete.
+                    raise TruncatedShardError(
+                        f"{url}: ends at byte {offset} without the tar end-of-archive marker: the shard was cut short"
+                    )
                 if not buf and start == 0 and empty:
                     raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
                 raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
