@@ -609,7 +609,7 @@ class ShardDataset(IterableDataset):
         try:
             if self.sized:
                 for index, batch in stages.batched(counted, sizes, b.collate):
-                    yield WorkerItem(world.worker, ids[index], batch, dict(policy.stats))
+                    yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
             else:
                 n = skip
                 while True:
@@ -617,7 +617,7 @@ class ShardDataset(IterableDataset):
                     full = len(group) == b.batch_size
                     group = [x for x in group if x is not None]
                     if group and (full or not b.drop_last):
-                        yield WorkerItem(world.worker, n, b.collate(group), dict(policy.stats))
+                        yield WorkerItem(world.worker, n, b.collate(group), policy.snapshot())
                     n += 1
                     if not full:
                         break
@@ -625,7 +625,7 @@ class ShardDataset(IterableDataset):
                 policy.check_end()
         finally:
             _close_iter(items)
-        yield WorkerItem(world.worker, -1, None, dict(policy.stats), final=True)
+        yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
 
     def __getstate__(self) -> dict[str, Any]:
         self.world()  # pickled for spawn workers: carry the ranks detected now

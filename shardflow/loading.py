@@ -148,19 +148,41 @@ class ShardLoader:
         ds._resume = None  # the workers have their copy; later epochs start afresh
         stats: dict[int, dict[str, int]] = {}
         self._active = True
+        last: Any = None
+        owed = 0  # planned batches whose samples were all dropped, before any batch arrived
+        repeated = 0
         try:
             for item in it:
                 if not isinstance(item, WorkerItem):
                     raise ShardflowError(f"internal: a worker yielded {type(item).__name__}, not a batch")
                 stats[item.worker] = item.stats
-                ds.stats = Counter()
-                for s in stats.values():
-                    ds.stats.update(s)
+                ds.stats = _merge_stats(stats)
+                if repeated:
+                    ds.stats["repeated_batches"] = repeated
                 if item.final:
                     continue
                 self._taken[item.worker] += 1
                 self._next_worker = (item.worker + 1) % self.workers
+                if item.data is None:
+                    # every sample of this batch was dropped (on_error="skip"): repeat the
+                    # previous batch so that every rank still takes len(loader) steps
+                    repeated += 1
+                    ds.stats["repeated_batches"] = repeated
+                    if last is None:
+                        owed += 1
+                        continue
+                    yield last
+                    continue
+                last = item.data
+                for _ in range(owed):
+                    yield item.data
+                owed = 0
                 yield item.data
+            if owed:
+                raise ShardflowError(
+                    f"every sample of the epoch's batches was dropped under on_error={ds.on_error!r} "
+                    f"({dict(ds.stats)}): there is no batch to yield"
+                )
             if self.num_workers > 1 and ds.stats["skipped"] and not ds.stats["samples"]:
                 # each worker only knows its own share; the pass as a whole yielded nothing
                 raise ShardflowError(
@@ -213,6 +235,23 @@ class ShardLoader:
         self.dataset._check_state(state, "ShardLoader", self.workers)
         self._pending = dict(state)
         self._dl = None  # persistent workers must restart to see the resume point
+
+
+def _merge_stats(per_worker: Mapping[int, Mapping[str, Any]]) -> Counter[str]:
+    """Sum the workers' counters; shard-level problems count each shard once
+    (several workers may read parts of the same bad shard)."""
+    total: Counter[str] = Counter()
+    shards: dict[str, set[str]] = {}
+    for stats in per_worker.values():
+        for key, value in stats.items():
+            if key == "bad_shards":
+                for reason, urls in value.items():
+                    shards.setdefault(reason, set()).update(urls)
+            else:
+                total[key] += value
+    for reason, urls in shards.items():
+        total[reason] = len(urls)
+    return total
 
 
 def loader(

@@ -62,14 +62,23 @@ class ErrorPolicy:
         self.mode = mode
         self.max_consecutive = max_consecutive
         self.stats: Counter[str] = Counter()
+        self.bad_shards: dict[str, set[str]] = {}
         self._run = 0
         self._last: ShardflowError | None = None
 
-    def handle(self, err: ShardflowError, *, samples: int = 1) -> None:
-        """Raise ``err`` or count it (``samples`` dropped with it)."""
+    def handle(self, err: ShardflowError, *, samples: int = 1, shard: str | None = None) -> None:
+        """Raise ``err`` or count it (``samples`` dropped with it).
+
+        With ``shard`` (a shard-level problem), the reason counts distinct shards.
+        """
         if self.mode == "raise":
             raise err
-        self.stats[err.reason] += 1
+        if shard is not None:
+            urls = self.bad_shards.setdefault(err.reason, set())
+            urls.add(shard)
+            self.stats[err.reason] = len(urls)
+        else:
+            self.stats[err.reason] += 1
         self.stats["skipped"] += samples
         self._run += samples
         self._last = err
@@ -79,6 +88,13 @@ class ErrorPolicy:
             raise ShardflowError(
                 f"{self._run} bad samples in a row and none good (on_error={self.mode!r}); last error: {err}"
             ) from err
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters plus the bad shards per reason, for merging across workers."""
+        out: dict[str, Any] = dict(self.stats)
+        if self.bad_shards:
+            out["bad_shards"] = {reason: sorted(urls) for reason, urls in self.bad_shards.items()}
+        return out
 
     def good(self) -> None:
         """Record a yielded sample."""
@@ -329,7 +345,7 @@ def read_planned(
                     raise
                 _close(iters.pop(s, None))
                 dead.add(s)
-                policy.handle(e, samples=0)
+                policy.handle(e, samples=0, shard=source.urls[seg.shard])
                 if want:
                     policy.stats["lost_samples"] += 1
                     policy.stats["skipped"] += 1
@@ -420,7 +436,7 @@ def read_shards(
             except ShardflowError as e:
                 if policy.mode == "raise":
                     raise
-                policy.handle(e, samples=0)
+                policy.handle(e, samples=0, shard=url)
             finally:
                 it.close()
     finally:
@@ -536,8 +552,11 @@ def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sampl
 def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[Any]], Any]) -> Iterator[tuple[int, Any]]:
     """Group items into batches of the planned sizes, dropping Nones.
 
-    Yields ``(index, batch)`` with ``index`` the batch's number in ``sizes``; a
-    batch whose samples were all dropped is not yielded.
+    Yields ``(index, batch)`` for every planned batch, ``index`` its number in
+    ``sizes``, so the number of batches never changes; a batch whose samples
+    were dropped (``on_error="skip"``) is shorter, and one whose samples were
+    *all* dropped is ``(index, None)`` (the loader repeats a neighbouring batch
+    in its place, so every DDP rank still takes the same number of steps).
     """
     for index, size in enumerate(sizes):
         group = []
@@ -547,8 +566,7 @@ def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[
                 break
             if item is not None:
                 group.append(item)
-        if group:
-            yield index, collate(group)
+        yield index, (collate(group) if group else None)
 
 
 _END = object()

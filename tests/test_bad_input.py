@@ -260,13 +260,25 @@ def test_bad_shards_through_loader_workers(tmp_path):
     shard_faults(tmp_path / "s")
     names = ["a-cut.tar", "b-zero.tar", "c-checksum.tar", "e-good.tar"]
     manifest_for(tmp_path / "s", {n: 10 for n in names})
-    # batch 10 = one shard per batch: worker 0 reads a, b and worker 1 reads c, e
+    # batch 10 = one shard per batch, in stored order: worker 0 reads a, c and worker 1 reads b, e
     ds = shardflow.ShardDataset(str(tmp_path / "s"), decode=None, on_error="skip")
-    keys = sorted((u.rsplit("/", 1)[-1], k) for b in shardflow.loader(ds, batch_size=10, num_workers=2) for u, k in zip(b["__url__"], b["__key__"]))
-    assert keys == [("a-cut.tar", f"{i:06d}") for i in range(6)] + [("c-checksum.tar", f"{i:06d}") for i in range(2)] + [
+    loader = shardflow.loader(ds, batch_size=10, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 4
+    keys = sorted((u.rsplit("/", 1)[-1], k) for b in batches for u, k in zip(b["__url__"], b["__key__"]))
+    # the batch of b-zero.tar lost every sample: the loader repeats the batch before it (a-cut's)
+    # so that len(loader) batches still come out (DDP ranks stay in step)
+    assert keys == sorted([("a-cut.tar", f"{i:06d}") for i in range(6)] * 2) + [("c-checksum.tar", f"{i:06d}") for i in range(2)] + [
         ("e-good.tar", f"{i:06d}") for i in range(10)
     ]
-    assert dict(ds.stats) == {"samples": 18, "truncated_shard": 2, "bad_shard": 1, "lost_samples": 22, "skipped": 22}
+    assert dict(ds.stats) == {
+        "samples": 18,
+        "truncated_shard": 2,
+        "bad_shard": 1,
+        "lost_samples": 22,
+        "skipped": 22,
+        "repeated_batches": 1,
+    }
     ds = shardflow.ShardDataset(str(tmp_path / "s"), decode=None)
     with pytest.raises(TruncatedShardError, match=re.escape(str(tmp_path / "s" / "a-cut.tar")) + ": truncated inside member '000006.jpg'"):
         list(shardflow.loader(ds, batch_size=10, num_workers=2))

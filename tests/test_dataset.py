@@ -210,3 +210,75 @@ def test_writer_refuses_dotted_keys(tmp_path):
     with shardflow.ShardWriter(str(tmp_path / "k-%06d.tar")) as w:
         with pytest.raises(SampleError, match="contains a dot"):
             w.write({"__key__": "img.001", "cls": 1})
+
+
+# ---------------------------------------------------------------- found in review
+
+
+def gnu_tar(path, n=10):
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for i in range(n):
+            for field, data in (("cls", b"1"), ("jpg", bytes([i]) * 3000)):
+                info = tarfile.TarInfo(f"{i:06d}.{field}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return str(path)
+
+
+def test_cut_on_a_member_boundary_is_truncation_not_a_partial_sample(tmp_path):
+    url = gnu_tar(tmp_path / "s.tar")
+    data = open(url, "rb").read()
+    open(url, "wb").write(data[:10240])  # ends right after 000002.cls: no jpg, no end marker
+    with pytest.raises(TruncatedShardError, match="without the tar end-of-archive marker"):
+        list(shardflow.ShardDataset([url], decode=None))
+    ds = shardflow.ShardDataset([url], decode=None, on_error="skip")
+    assert [(s["__key__"], sorted(s)) for s in ds] == [(f"{i:06d}", ["__key__", "__url__", "cls", "jpg"]) for i in range(2)]
+    assert ds.stats["truncated_shard"] == 1
+
+
+def test_shard_replaced_after_indexing_is_refused(tmp_path):
+    from shardflow.errors import ManifestError
+
+    d = write(tmp_path, n=8, per=4)
+    bigger = gnu_tar(tmp_path / "other.tar", n=4)
+    os.replace(bigger, os.path.join(d, "d-000001.tar"))
+    with pytest.raises(ManifestError, match=r"d-000001\.tar: the shard has \d+ bytes but the manifest lists \d+"):
+        list(shardflow.ShardDataset(d, decode=None))
+    ds = shardflow.ShardDataset(d, decode=None, on_error="skip")
+    assert [s["__key__"] for s in ds] == [f"{i:06d}" for i in range(4)]
+    assert ds.stats["changed_shard"] == 1 and ds.stats["lost_samples"] == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_keeps_the_planned_number_of_batches(tmp_path, workers):
+    with shardflow.ShardWriter(str(tmp_path / "t-%06d.tar"), max_count=4) as w:
+        for i in range(8):
+            w.write({"__key__": f"{i:06d}", "cls": i, **({"txt": "t"} if i not in (0, 1) else {})})
+    counts = []
+    for rank in range(2):
+        ds = shardflow.ShardDataset(str(tmp_path), decode=None, rank=rank, world_size=2, fields=("cls", "txt"), on_error="skip")
+        loader = shardflow.loader(ds, batch_size=2, num_workers=workers)
+        batches = [b["__key__"] for b in loader]
+        counts.append((len(loader), len(batches)))
+        if rank == 0:  # batch 0 lost both samples: batch 1 is repeated in its place
+            assert batches == [["000002", "000003"], ["000002", "000003"]]
+            assert ds.stats["repeated_batches"] == 1 and ds.stats["missing_field"] == 2
+    assert counts == [(2, 2), (2, 2)]
+
+
+def test_a_bad_shard_read_by_two_workers_counts_once(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    with shardflow.ShardWriter(str(d / "s-%06d.tar"), max_count=100) as w:
+        for i in range(10):
+            w.write({"__key__": f"{i:06d}", "cls": b"1", "jpg": b"\xff" * 3000})
+    full = (d / "s-000000.tar").read_bytes()
+    (d / "s-000000.tar").write_bytes(full[: len(full) // 2])
+    ds = shardflow.ShardDataset(str(d), decode=None, on_error="skip")
+    list(shardflow.loader(ds, batch_size=2, num_workers=2))
+    assert ds.stats["truncated_shard"] == 1

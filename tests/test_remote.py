@@ -261,7 +261,9 @@ def test_dropped_connections_one_epoch_exact(flaky_data, reset):
     srv.faults.drop_after = 7_000  # each response cut after 7000 body bytes
     srv.faults.reset = reset
     srv.faults.max_drops = None if not reset else 6
-    ds = shardflow.ShardDataset(srv.url, decode=None, io=FAST)
+    # a reset can discard the bytes already received (aiohttp drops an incomplete body), so all 6
+    # resets may land on one shard without progress: allow more retries than resets
+    ds = shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(backoff=0.0, retries=8))
     assert got(ds) == in_order(want)
     assert ds.stats["samples"] == 30 and ds.stats["skipped"] == 0
     assert srv.stats.drops >= (6 if reset else 9)
