@@ -147,7 +147,8 @@ class IndexedShardDataset(Dataset):
         if missing:
             raise ManifestError(
                 f"{len(missing)} of {len(self.source.urls)} shards have no offset index in {manifest.url} "
-                f"(first: {missing[0]}); random access needs one per shard: run `shardflow index` on them",
+                f"(first: {missing[0]}); random access needs one per shard: run `shardflow index` on them "
+                "(compressed shards never get one: random access needs uncompressed .tar shards)",
                 reason="missing_index",
             )
         # first global index of each shard, plus the total (a list: bisect on it is faster per call)

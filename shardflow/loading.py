@@ -66,6 +66,13 @@ class ShardLoader:
         if max_cost is not None and (max_cost < 1 or drop_last):
             raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
         dataset._batching = _Batching(batch_size, drop_last, self.collate_fn, max_cost, cost)
+        if drop_last and num_workers > 1 and not dataset.sized:
+            log.warning(
+                "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "
+                "per epoch, or everything when a worker holds less than one batch); write a manifest with "
+                "`shardflow index` for one drop per rank",
+                num_workers,
+            )
         self._dl_kwargs: dict[str, Any] = {
             "batch_size": None,
             "num_workers": num_workers,

@@ -227,12 +227,15 @@ def _samples_per_rank(total: int, world_size: int, split: SplitConfig) -> int:
 def rank_share(total: int, world_size: int, split: SplitConfig) -> tuple[int, int, int, int]:
     """``(samples, num_batches, padding, dropped)`` of each rank.
 
+    A dataset whose shards are all empty gives every rank 0 samples and 0
+    batches (as reading its empty tars would), not an error.
+
     Raises:
-        ShardflowError: the dataset is empty, or a rank would get no sample or batch.
+        ShardflowError: a rank would get no sample or batch although the dataset has some.
     """
     w = world_size
-    if total == 0:
-        raise ShardflowError("the dataset has no samples (every shard in the manifest is empty)")
+    if total == 0:  # every shard is empty (a valid empty tar): nothing to split, nothing wrong
+        return 0, 0, 0, 0
     n = _samples_per_rank(total, w, split)
     if n == 0:
         raise ShardflowError(

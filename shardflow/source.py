@@ -19,7 +19,7 @@ import numpy as np
 from . import storage
 from .errors import ManifestError
 from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, decode_offsets, decode_sizes
-from .urls import SHARD_SUFFIXES, expand_urls, join_url, parent_url
+from .urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
 __all__ = ["Source", "resolve_source", "load_manifest"]
 
@@ -171,6 +171,12 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
         urls = [os.fspath(u) for u in source]
         if not all(isinstance(u, str) for u in urls):
             raise TypeError("a list source must hold URL strings")
+        globbed = [u for u in urls if has_glob(u)]
+        if globbed:
+            raise ValueError(
+                f"list entries are shard URLs used as given, and {globbed[0]!r} has glob characters: pass the "
+                "pattern as a string source to expand it (a '*' is never opened as a literal name)"
+            )
     else:
         raise TypeError(f"source must be a folder, URL, pattern or list of URLs, got {type(source).__name__}")
     if not urls:

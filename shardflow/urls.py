@@ -54,8 +54,17 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def has_glob(url: str) -> bool:
-    """True when the URL's path has glob characters (``*``, ``?``, ``[``)."""
-    path = url.split("://", 1)[-1]
+    """True when the URL's path has glob characters (``*``, ``?``, ``[``).
+
+    For ``http(s)://`` URLs only the path counts: ``?`` starts the query string
+    (presigned URLs), and globs cannot be listed there anyway.
+    """
+    proto, sep, path = url.partition("://")
+    if not sep:
+        path = url
+    elif proto in ("http", "https"):
+        path = path.split("?", 1)[0]
+        return "*" in path or "[" in path
     return any(c in path for c in "*?[")
 
 

@@ -23,6 +23,7 @@ from .errors import SampleError
 from .format.keys import check_field, check_key
 from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets, fields_of
 from .format.tar import END_OF_ARCHIVE, encode_sample
+from .graph import is_graph
 from .urls import join_url, parent_url
 
 __all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest"]
@@ -68,13 +69,10 @@ def graph_sizes(sample: Mapping[str, Any]) -> tuple[int, int] | None:
     for name, value in sample.items():
         if name.startswith("__") or isinstance(value, (bytes, bytearray, memoryview)):
             continue
-        if type(value).__module__.startswith("torch_geometric"):
-            from .graph import is_graph
-
-            if is_graph(value):
-                found = True
-                nodes += int(value.num_nodes or 0)
-                edges += int(value.num_edges or 0)
+        if is_graph(value):  # any BaseData, user subclasses included
+            found = True
+            nodes += int(value.num_nodes or 0)
+            edges += int(value.num_edges or 0)
     return (nodes, edges) if found else None
 
 
@@ -115,18 +113,24 @@ class ShardFile:
             key: the sample key.
             fields: field name -> encoded bytes.
             sizes: the sample's row of the sizes index (e.g. ``(num_nodes,
-                num_edges)``), given for every sample of the shard or for none.
+                num_edges)``); samples written without one (not graphs) get
+                zeros if other samples of the shard have one.
 
         Raises:
-            SampleError: the key was already written to this shard, or sizes
-                were given for some samples and not for others.
+            SampleError: the key was already written to this shard, or a sizes
+                row's length differs from the shard's.
         """
         if key in self.keys:
             raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
-        if (sizes is None) != (not self.sizes) and self.offsets:
-            raise SampleError(f"{self.url}: sample {key!r}: sizes must be given for every sample of a shard or for none")
         if sizes is not None:
-            self.sizes.append(tuple(int(v) for v in sizes))
+            row = tuple(int(v) for v in sizes)
+            if self.sizes and len(row) != len(self.sizes[0]):
+                raise SampleError(f"{self.url}: sample {key!r}: sizes row {row} has another length than the shard's")
+            if not self.sizes and self.offsets:  # earlier samples had none (not graphs): size 0
+                self.sizes = [(0,) * len(row)] * len(self.offsets)
+            self.sizes.append(row)
+        elif self.sizes:
+            self.sizes.append((0,) * len(self.sizes[0]))
         self.keys.add(key)
         data = encode_sample(key, dict(fields))
         self.offsets.append(self.size)

@@ -78,3 +78,16 @@ def test_cost_batching_needs_sizes(tmp_path):
     ds = shardflow.ShardDataset(str(tmp_path))
     with pytest.raises(ManifestError, match="no per-sample size 'num_nodes'"):
         len(shardflow.loader(ds, batch_size=4, max_cost=10))
+
+
+def test_sizes_index_with_subclasses_and_non_graph_samples(tmp_path):
+    class PairData(Data):
+        pass
+
+    with shardflow.ShardWriter(str(tmp_path / "m-%06d.tar")) as w:
+        w.write({"__key__": "a", "cls": 1})
+        w.write({"__key__": "b", "graph.pyg": graph(3, 0)})
+        w.write({"__key__": "c", "graph.pyg": PairData(x=torch.zeros(5, 2), edge_index=torch.zeros(2, 7, dtype=torch.long))})
+    costs = shardflow.ShardDataset(str(tmp_path)).source
+    assert costs.load_costs("num_nodes", shardflow.IOOptions()).tolist() == [0, 3, 5]
+    assert costs.load_costs("num_edges", shardflow.IOOptions()).tolist() == [0, 3, 7]

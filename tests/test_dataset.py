@@ -282,3 +282,19 @@ def test_a_bad_shard_read_by_two_workers_counts_once(tmp_path):
     ds = shardflow.ShardDataset(str(d), decode=None, on_error="skip")
     list(shardflow.loader(ds, batch_size=2, num_workers=2))
     assert ds.stats["truncated_shard"] == 1
+
+
+def test_query_strings_are_not_globs_and_list_globs_are_refused(tmp_path):
+    assert expand_urls("https://h/x-{0..1}.tar?token=a") == ["https://h/x-0.tar?token=a", "https://h/x-1.tar?token=a"]
+    with pytest.raises(ValueError, match="never opened as a literal name"):
+        shardflow.ShardDataset([str(tmp_path / "train-*.tar")])
+
+
+def test_all_empty_shards_yield_nothing_without_error(tmp_path):
+    from shardflow.indexing import index_shards
+
+    (tmp_path / "e.tar").write_bytes(b"\0" * 1024)
+    index_shards([str(tmp_path / "e.tar")])
+    ds = shardflow.ShardDataset(str(tmp_path))
+    assert len(ds) == 0 and list(ds) == []
+    assert len(shardflow.loader(ds, batch_size=2)) == 0 and list(shardflow.loader(ds, batch_size=2)) == []

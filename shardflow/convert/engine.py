@@ -162,6 +162,7 @@ def run_conversion(
     io = options.io
     if "://" not in dest:
         os.makedirs(dest, exist_ok=True)
+        _remove_stale_temporaries(dest, options.prefix)
     murl = join_url(dest, MANIFEST_NAME)
     previous, previous_fields = _previous(murl, io) if options.resume else ({}, [])
     done: dict[int, tuple[ShardInfo, list[str], str]] = {}
@@ -272,6 +273,14 @@ def run_conversion(
     )
     write_manifest(murl, manifest, io)
     return manifest
+
+
+def _remove_stale_temporaries(dest: str, prefix: str) -> None:
+    """Remove temporary shard files a crashed run left (``.<prefix>-NNNNNN.tar*.tmp``)."""
+    for entry in os.scandir(dest):
+        if entry.name.startswith(f".{prefix}-") and entry.name.endswith(".tmp") and entry.is_file():
+            log.info("removing %s, left by an interrupted conversion", entry.path)
+            os.remove(entry.path)
 
 
 def _same_size(url: str, size: int, io: storage.IOOptions) -> bool:
