@@ -790,6 +790,12 @@ def _unlisted_problems(manifest_url: str, listed: dict[str, str], seen: Iterable
                     f"fields {extra} occur in the shards but the manifest lists only {sorted(listed)}")]
 
 
+def _is_image(field: str) -> bool:
+    from .codecs.image import IMAGE_EXTENSIONS
+
+    return field.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
+
+
 def _missing_field_problems(urls: Sequence[str], results: Sequence[_VerifyResult]) -> list[Problem]:
     """Samples lacking a field that the most common field set has."""
     total: Counter = Counter()
@@ -801,7 +807,8 @@ def _missing_field_problems(urls: Sequence[str], results: Sequence[_VerifyResult
     out = []
     for url, r in zip(urls, results):
         for names, count in r.field_sets.items():
-            missing = sorted(common - set(names))
+            # image fields stand in for each other (an ImageFolder of .jpg and .png files)
+            missing = sorted(f for f in common - set(names) if not (_is_image(f) and any(_is_image(n) for n in names)))
             if not missing:
                 continue
             keys = r.keys_by_set[names]
