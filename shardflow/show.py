@@ -103,8 +103,12 @@ def _image_grid(samples: list[dict[str, Any]], field: str, label: str | None, na
     for i, s in enumerate(samples):
         x, y = (i % cols) * tile, (i // cols) * cell_h
         inner = tile - 4
+        name = field
+        if name not in s and codec_extension(field) in _IMAGE_EXTENSIONS:
+            # a folder of .jpg and .png images: any image field of the sample stands in
+            name = next((k for k in s if not k.startswith("__") and codec_extension(k) in _IMAGE_EXTENSIONS), field)
         try:
-            img = decode_field(field, s[field], options) if field in s else None
+            img = decode_field(name, s[name], options) if name in s else None
         except Exception as e:  # show what is wrong instead of failing the whole sheet
             img = None
             draw.text((x + 4, y + tile // 2), _fit(f"undecodable: {e}", font, inner, draw), fill=(200, 0, 0), font=font)
@@ -113,7 +117,7 @@ def _image_grid(samples: list[dict[str, Any]], field: str, label: str | None, na
             size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
             img = img.resize(size, Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC)
             grid.paste(img, (x + (tile - img.width) // 2, y + (tile - img.height) // 2))
-        elif field not in s:
+        elif name not in s:
             draw.text((x + 4, y + tile // 2), f"no field {field!r}", fill=(200, 0, 0), font=font)
         text = _label_text(s, label, names)
         draw.text((x + 3, y + tile + 2), _fit(text, font, tile - 6, draw), fill=(0, 0, 0), font=font)
