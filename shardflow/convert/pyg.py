@@ -458,34 +458,11 @@ def _build_encoded(descriptors: list[_Encoded], field_name: str) -> Iterator[tup
         yield d.key, {field_name: d.data}, d.sizes
 
 
-def _structure(graph: Any) -> tuple[Any, ...]:
-    """A cheap summary of a graph's structure: class, stores, attribute names,
-    dtypes and shapes without the concatenation dimension (which varies)."""
-    import torch
-
-    out: list[Any] = [type(graph)]
-    for store in graph.stores:
-        out.append(getattr(store, "_key", None))
-        for name, value in store.items():
-            if isinstance(value, torch.Tensor):
-                try:
-                    cat_dim = graph.__cat_dim__(name, value, store)
-                except Exception:  # noqa: BLE001 - no rule: keep the whole shape
-                    cat_dim = None
-                shape = list(value.shape)
-                if type(cat_dim) is int and shape:
-                    del shape[cat_dim % len(shape)]
-                out.append((name, value.dtype, tuple(shape)))
-            else:
-                out.append((name, type(value)))
-    return tuple(out)
-
-
 class _StreamState:
     """What a plain-iterable conversion learns while it streams: count and schema.
 
     The schema merges the first :data:`_SCHEMA_GRAPHS` graphs and every later graph
-    whose structure (see :func:`_structure`) was not seen before.
+    whose structure (:func:`shardflow.graph.pipeline.graph_structure`) was not seen before.
     """
 
     def __init__(self) -> None:
@@ -495,14 +472,15 @@ class _StreamState:
         self._seen: set[tuple[Any, ...]] = set()
 
     def encode(self, graphs: Iterable[Any]) -> Iterator[_Encoded]:
+        from ..graph.pipeline import graph_structure
+
         for i, graph in enumerate(graphs):
             data, sizes = _encode(i, graph)
-            self._observe(i, graph)
+            self._observe(i, graph, graph_structure(graph))
             self.count = i + 1
             yield _Encoded(_key(i), data, sizes)
 
-    def _observe(self, index: int, graph: Any) -> None:
-        structure = _structure(graph)
+    def _observe(self, index: int, graph: Any, structure: tuple[Any, ...]) -> None:
         if index < _SCHEMA_GRAPHS or structure not in self._seen:
             self._seen.add(structure)
             self.schema = merge_schemas(self.schema, graph_schema(graph))
@@ -540,8 +518,7 @@ def _dataset_info(dataset: Any) -> dict[str, Any]:
             continue
         if type(value) is int:
             out[name] = value
-    if cheap:
-        _forget(dataset, 0)
+    _forget(dataset, 0)  # the feature counts look at graph 0
     return out
 
 
@@ -777,6 +754,7 @@ def _main(args: argparse.Namespace) -> int:
     from ..cli.progress import progress_bar
 
     spec = DatasetSpec(args.dataset, _parse_kwargs(args.kwargs), args.root)
+    field_name = _check_field(args.field)  # before building the dataset (which may download)
     options = ConvertOptions(
         max_count=args.max_count,
         prefix=args.prefix,
@@ -787,6 +765,6 @@ def _main(args: argparse.Namespace) -> int:
     dataset = spec.open()
     total = len(dataset) if _indexable(dataset) else None
     with progress_bar("graphs", total=total, unit="graph") as bar:
-        manifest = _convert(dataset, args.dst, spec=spec, field_name=_check_field(args.field), options=options, progress=bar)
+        manifest = _convert(dataset, args.dst, spec=spec, field_name=field_name, options=options, progress=bar)
     print(f"{manifest.num_samples} graphs of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
     return 0

@@ -25,21 +25,29 @@ from typing import Any
 
 from ..collation import collate
 from ..errors import SampleError
+from ..format.manifest import Manifest
 from . import collate_graphs, is_graph
 
-__all__ = ["GraphCollate", "collate_fn", "to_shards"]
+__all__ = ["GraphCollate", "collate_fn", "graph_structure", "to_shards"]
 
 
-def _signature(graph: Any, exclude: frozenset[str]) -> Any:
-    """What must agree between graphs of one batch: class, node/edge types, and per
-    attribute its kind, dtype and shape apart from the concatenation dimension."""
+def graph_structure(graph: Any, exclude: Iterable[str] = ()) -> tuple[Any, ...]:
+    """What graphs batched together must share, as a hashable value.
+
+    The graph's class, its stores (node and edge types) and, per attribute not in
+    ``exclude``, its kind, dtype and shape with the concatenation dimension (the
+    one that grows with the node or edge count) replaced by -1. Two graphs that
+    ``Batch.from_data_list`` can batch have equal structures, apart from
+    attributes that PyG stacks or lists.
+    """
     import torch
 
+    skip = frozenset(exclude)
     stores = []
     for store in graph.stores:
         attrs = []
         for name, value in store.items():
-            if name in exclude:
+            if name in skip:
                 continue
             if isinstance(value, torch.Tensor):
                 try:
@@ -70,9 +78,9 @@ def _where(samples: Sequence[Any], graphs: list[Any], exclude: frozenset[str]) -
     """Name the samples at fault: the first whose graph differs from the first one's,
     or else every sample of the batch (the first eight)."""
     try:
-        ref = _signature(graphs[0], exclude)
+        ref = graph_structure(graphs[0], exclude)
         for i in range(1, len(graphs)):
-            if not is_graph(graphs[i]) or _signature(graphs[i], exclude) != ref:
+            if not is_graph(graphs[i]) or graph_structure(graphs[i], exclude) != ref:
                 return (
                     f"{_describe(samples, i, f'graph {i} of the batch')} against "
                     f"{_describe(samples, 0, 'graph 0')}"
@@ -180,7 +188,7 @@ def to_shards(
     resume: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
-) -> Any:
+) -> Manifest:
     """Write an existing PyG dataset object into shards, one sample per graph.
 
     The graphs are encoded one at a time (never collated), each stored by its own
