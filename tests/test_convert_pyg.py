@@ -150,6 +150,7 @@ def _convert_in_subprocesses(jobs):
     return reports
 
 
+@pytest.mark.slow
 def test_c13_generator_streams_flat_memory_and_reads_back(tmp_path):
     """C13: 50,000 generated graphs, shards of 1,000: peak RSS flat against 12,500,
     50 shards adding up to 50,000, random graphs read back exactly."""
@@ -243,6 +244,54 @@ def test_on_disk_dataset_root(tmp_path):
 
 
 # ------------------------------------------------------------------ specs and objects
+
+
+_SPAWN_SCRIPT = """
+import multiprocessing, sys
+from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.pyg import convert_pyg
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    opts = ConvertOptions(max_count=10, workers=2)
+    m = convert_pyg("tests.test_convert_pyg:graph_list", sys.argv[1], kwargs={"num_graphs": 25}, options=opts)
+    print("samples", m.num_samples)
+"""
+
+
+@pytest.mark.slow
+def test_spawned_workers_rebuild_the_dataset_from_the_spec(tmp_path):
+    """Workers that do not fork build the dataset again from the spec."""
+    script = tmp_path / "spawn_check.py"
+    script.write_text(_SPAWN_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "samples 25" in out.stdout
+    got = read_all(str(tmp_path / "s"))
+    for i in (0, 24):
+        assert_graph_equal(got[f"{i:09d}"], c13_graph(i, 1))
+
+
+def test_a_rebuilt_dataset_must_hold_the_same_graphs():
+    """What a spawned worker checks: the same length and the same probe graphs as the main process."""
+    from shardflow.convert import pyg as conv
+
+    spec = DatasetSpec("tests.test_convert_pyg:graph_list", {"num_graphs": 40})
+    probe, _ = conv._probe(spec.open(), conv._probe_indices(40))
+    good = conv._Context("t-good", spec, FIELD, 40, 9, probe)
+    try:
+        assert len(conv._worker_dataset(good)) == 40
+    finally:
+        conv._DATASETS.pop("t-good", None)
+    with pytest.raises(ConversionError, match="holds other graphs than in the main process"):
+        conv._worker_dataset(conv._Context("t-bad", spec, FIELD, 40, 9, "0" * 32))
+    with pytest.raises(ConversionError, match="not the same: 40 graphs instead of 41"):
+        conv._worker_dataset(conv._Context("t-bad", spec, FIELD, 41, 9, probe))
+    with pytest.raises(ConversionError, match="not available in this worker process"):
+        conv._worker_dataset(conv._Context("t-none", None, FIELD, 40, 9, probe))
+    assert not {"t-bad", "t-none"} & conv._DATASETS.keys()
 
 
 def seed_all(seed):
