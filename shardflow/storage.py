@@ -273,6 +273,51 @@ def _fresh_info(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     return fs.info(path)
 
 
+# --------------------------------------------------------------------------- fork safety
+
+# Filesystems that exist when the process forks (a DataLoader starting its workers)
+# hold the parent's event-loop state, and the child shares the kernel objects behind
+# it (the epoll set, the sockets of pooled connections). fsspec empties its instance
+# caches in the child; were the parent's instances then garbage collected there, their
+# finalizers would close those connections through the shared epoll set, and the
+# parent's next request on one would hang. So each child keeps them, unused, for its
+# life (DataLoader and process-pool workers end with os._exit, which runs no finalizer).
+_INHERITED: list[Any] = []
+
+
+def _filesystem_instances() -> list[Any]:
+    found: list[Any] = []
+    seen: set[type] = set()
+    pending: list[type] = [fsspec.AbstractFileSystem]
+    while pending:
+        cls = pending.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                pending.append(sub)
+        cache = cls.__dict__.get("_cache")
+        if cache:
+            for _attempt in range(3):  # another thread may add an instance meanwhile
+                try:
+                    found.extend(cache.values())
+                    break
+                except RuntimeError:
+                    continue
+    return found
+
+
+def _before_fork() -> None:
+    _INHERITED.extend(_filesystem_instances())
+
+
+def _after_fork_in_parent() -> None:
+    _INHERITED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+
+
 # --------------------------------------------------------------------------- errors and retries
 
 

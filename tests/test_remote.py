@@ -205,6 +205,60 @@ def test_memory_filesystem_round_trip():
         assert len(ds) == 9 and got(ds) == in_order(want), source
 
 
+_SERVER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from tests.servers import Faults, FileHTTPServer
+srv = FileHTTPServer(sys.argv[1], Faults(latency=float(sys.argv[3]))).start()
+print(srv.url, flush=True)
+sys.stdin.read()
+"""
+
+
+def collect_garbage(sample):
+    """A transform that runs the cyclic garbage collector, as a long worker does by
+    itself sooner or later."""
+    import gc
+
+    gc.collect()
+    return sample
+
+
+def test_main_process_reads_after_workers_were_forked(tmp_path):
+    """DataLoader workers forked from a process that read over HTTP must leave its
+    pooled connections alone: the next dataset built in the main process reads.
+    (The server runs in another process, as a real one would: its sockets are not
+    the reader's.)"""
+    import subprocess
+    import sys
+    import threading
+
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 12, 4)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(tmp_path / "d"), root, "0.02"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        for _epoch in range(3):  # a new dataset per epoch, as a training script may build
+            result = {}
+
+            def build_and_read() -> None:  # in a thread, so that a hang fails the test
+                result["main"] = got(shardflow.ShardDataset(url, decode=None))
+                result["ds"] = shardflow.ShardDataset(url, decode=None, transform=collect_garbage)
+
+            thread = threading.Thread(target=build_and_read, daemon=True)
+            thread.start()
+            thread.join(30)
+            assert not thread.is_alive(), "a request of the main process hangs"
+            assert result["main"] == in_order(want)
+            loader = shardflow.loader(result["ds"], batch_size=4, num_workers=2, collate_fn=list)
+            assert sorted(kb for batch in loader for kb in got(batch)) == in_order(want)
+            del loader
+    finally:
+        server.stdin.close()
+        server.wait(30)
+
+
 # --------------------------------------------------------------------------- read-ahead of the next shard
 
 
