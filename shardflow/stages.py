@@ -35,6 +35,7 @@ __all__ = ["ErrorPolicy", "read_planned", "emit_in_order", "read_shards", "selec
 
 log = logging.getLogger(__name__)
 Sample = dict[str, Any]
+_OPENERS = 4  # threads opening the next segments (each open waits on requests: index, first bytes)
 ON_ERROR = ("raise", "skip", "warn")
 
 
@@ -330,7 +331,7 @@ def read_planned(
                     # as many segments opening ahead as are open now (the interleave)
                     while scheduled < len(opening) and len(opened_early) < len(iters):
                         if opener is None:
-                            opener = ThreadPoolExecutor(1, thread_name_prefix="shardflow-open")
+                            opener = ThreadPoolExecutor(_OPENERS, thread_name_prefix="shardflow-open")
                         ahead = opening[scheduled]
                         opened_early[ahead] = opener.submit(open_seg, ahead)
                         scheduled += 1
