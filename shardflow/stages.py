@@ -402,6 +402,11 @@ def emit_in_order(items: Iterator[tuple[int, Sample | None]], order: np.ndarray)
     """
     stash: dict[int, Sample | None] = {}
     try:
+        if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+            # yield order is read order (no shuffle buffer): no reordering to do
+            for _, s in items:
+                yield s
+            return
         for pos in order.tolist():
             while pos not in stash:
                 p, s = next(items)
