@@ -274,6 +274,29 @@ def test_spawned_workers_rebuild_the_dataset_from_the_spec(tmp_path):
         assert_graph_equal(got[f"{i:09d}"], c13_graph(i, 1))
 
 
+_FORK_AFTER_THREADS_SCRIPT = """
+import sys, torch
+from torch_geometric.data import Data
+from shardflow.graph.pipeline import to_shards
+torch.set_num_threads(2)
+big = torch.randn(4, 200_000)
+big.clone()  # a parallel copy: torch's OpenMP threads run before the workers fork
+graphs = [Data(x=big[i % 4].view(-1, 4)) for i in range(8)]  # views: the codec copies their own elements
+print("samples", to_shards(graphs, sys.argv[1], max_count=2, workers=2).num_samples)
+"""
+
+
+def test_forked_workers_after_torch_threads_do_not_hang(tmp_path):
+    """Workers forked after the parent used torch's OpenMP threads convert tensors of
+    more than 32,768 elements (the copy is parallel) instead of waiting forever."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_AFTER_THREADS_SCRIPT, str(tmp_path / "s")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "samples 8" in out.stdout
+
+
 def test_a_rebuilt_dataset_must_hold_the_same_graphs():
     """What a spawned worker checks: the same length and the same probe graphs as the main process."""
     from shardflow.convert import pyg as conv

@@ -425,8 +425,26 @@ def _worker_dataset(ctx: _Context) -> Any:
     return dataset
 
 
+def _single_threaded_worker() -> None:
+    """Use one torch thread in a worker process, as DataLoader workers do.
+
+    A worker forked from a process whose torch already ran OpenMP threads inherits
+    a thread pool that does not exist in it: its first parallel operation (a copy of
+    a tensor of more than 32,768 elements) then waits forever at GNU libgomp's
+    barrier. One thread per worker also avoids oversubscribing the CPUs that the
+    workers share.
+    """
+    if multiprocessing.parent_process() is None:
+        return  # converting in the main process: leave the user's setting alone
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def _build_indexed(descriptors: list[tuple[str, int]], ctx: _Context) -> Iterator[tuple[Any, ...]]:
     """Worker: take, encode and yield this shard's graphs one at a time."""
+    _single_threaded_worker()
     dataset = _worker_dataset(ctx)
     for _, i in descriptors:
         data, sizes = _encode(i, dataset[i])
