@@ -178,16 +178,7 @@ def run_conversion(
         if not force and now - last_record[0] < 1.0:
             return
         last_record[0] = now
-        order = sorted(done)
-        fields: dict[str, str] = {}
-        for n in order:
-            fields.update(fields_of(done[n][1]))
-        m = Manifest(
-            shards=[done[n][0] for n in order],
-            fields=fields,
-            meta={**meta, "conversion": {"complete": False, "hashes": {done[n][0].url: done[n][2] for n in order}}},
-        )
-        write_manifest(murl, m, io)
+        write_manifest(murl, _manifest(done, meta, complete=False, url=murl), io)
 
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
@@ -261,18 +252,23 @@ def run_conversion(
         log.info("kept %d finished shard(s) from an earlier run", kept)
     if meta_at_end is not None:
         meta.update(meta_at_end())
-    order = sorted(done)
-    fields: dict[str, str] = {}
-    for i in order:
-        fields.update(fields_of(done[i][1]))
-    manifest = Manifest(
-        shards=[done[i][0] for i in order],
-        fields=fields,
-        meta={**meta, "conversion": {"complete": True, "hashes": {done[i][0].url: done[i][2] for i in order}}},
-        url=murl,
-    )
+    manifest = _manifest(done, meta, complete=True, url=murl)
     write_manifest(murl, manifest, io)
     return manifest
+
+
+def _manifest(done: Mapping[int, tuple[ShardInfo, list[str], str]], meta: Mapping[str, Any], *, complete: bool, url: str) -> Manifest:
+    """The manifest of the finished shards, in shard order, with the conversion record."""
+    order = sorted(done)
+    fields: dict[str, str] = {}
+    for n in order:
+        fields.update(fields_of(done[n][1]))
+    return Manifest(
+        shards=[done[n][0] for n in order],
+        fields=fields,
+        meta={**meta, "conversion": {"complete": complete, "hashes": {done[n][0].url: done[n][2] for n in order}}},
+        url=url,
+    )
 
 
 def _remove_stale_temporaries(dest: str, prefix: str) -> None:
