@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -113,6 +114,11 @@ def _exit_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # a process forked after torch ran multi-threaded ops can hang in its first large
+        # tensor copy (seen converting PyG graphs); each writer is one process, one thread
+        torch.set_num_threads(1)
 
 
 def _previous(dest_manifest: str, io: storage.IOOptions) -> tuple[dict[str, tuple[ShardInfo, str]], list[str]]:

@@ -16,7 +16,18 @@ from typing import Any
 from shardflow.graph.codec import decode_graph, encode_graph
 from shardflow.graph.collate import collate_graphs
 
-__all__ = ["collate_graphs", "decode_graph", "encode_graph", "is_graph"]
+__all__ = ["collate_graphs", "decode_graph", "encode_graph", "is_graph", "to_shards", "collate_fn", "GraphCollate", "graph_structure"]
+
+_PIPELINE = ("to_shards", "collate_fn", "GraphCollate", "graph_structure")
+
+
+def __getattr__(name: str) -> Any:
+    """``to_shards``, ``collate_fn``, ... from :mod:`shardflow.graph.pipeline`, imported on first use."""
+    if name in _PIPELINE:
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'shardflow.graph' has no attribute {name!r}")
 
 
 def is_graph(obj: Any) -> bool:
