@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Any
 
 KINDS = ("imagefolder", "pyg", "arrays", "lines")
 
@@ -54,3 +55,19 @@ def storage_options(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"--storage-option needs KEY=VALUE, got {p!r}")
         out[k] = v
     return out
+
+
+def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:
+    """The :class:`~shardflow.convert.engine.ConvertOptions` of the shared shard options.
+
+    ``max_count`` overrides ``--max-count`` (a converter that picks the shard size itself).
+    """
+    from ..convert.engine import ConvertOptions
+
+    return ConvertOptions(
+        max_count=max_count if max_count is not None else args.max_count,
+        prefix=args.prefix,
+        workers=args.workers,
+        resume=not args.no_resume,
+        storage_options=storage_options(args.storage_option),
+    )

@@ -607,18 +607,12 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import storage_options
+    from ..cli.convert import options_from_args
     from ..cli.progress import progress_bar
 
     spec = inspect_array(args.src, args.array)
     max_count = args.max_count or max(1, min(10_000, DEFAULT_SHARD_BYTES // max(spec.row_bytes, 1)))
-    options = ConvertOptions(
-        max_count=max_count,
-        prefix=args.prefix,
-        workers=args.workers,
-        resume=not args.no_resume,
-        storage_options=storage_options(args.storage_option),
-    )
+    options = options_from_args(args, max_count=max_count)
     with progress_bar("rows", total=spec.rows, unit="row") as bar:
         manifest = convert_arrays(
             args.src,

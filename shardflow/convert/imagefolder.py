@@ -440,16 +440,10 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    from ..cli.convert import storage_options
+    from ..cli.convert import options_from_args
     from ..cli.progress import progress_bar
 
-    options = ConvertOptions(
-        max_count=args.max_count,
-        prefix=args.prefix,
-        workers=args.workers,
-        resume=not args.no_resume,
-        storage_options=storage_options(args.storage_option),
-    )
+    options = options_from_args(args)
     # A total for the ETA costs one scandir pass that keeps counts only; it is
     # done only when a bar is drawn (a terminal), never in logs or pipes.
     total = sum(count_images(args.src).values()) if sys.stderr.isatty() else None

@@ -239,16 +239,10 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import storage_options
+    from ..cli.convert import options_from_args
     from ..cli.progress import progress_bar
 
-    options = ConvertOptions(
-        max_count=args.max_count,
-        prefix=args.prefix,
-        workers=args.workers,
-        resume=not args.no_resume,
-        storage_options=storage_options(args.storage_option),
-    )
+    options = options_from_args(args)
     with progress_bar("lines", unit="line") as bar:
         manifest = convert_lines(args.src, args.dst, json_lines=args.json_lines, options=options, progress=bar)
     print(f"{manifest.num_samples} samples from {manifest.meta.get('lines')} lines of {args.src} -> "

@@ -768,18 +768,12 @@ def _parse_kwargs(text: str) -> dict[str, Any]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import storage_options
+    from ..cli.convert import options_from_args
     from ..cli.progress import progress_bar
 
     spec = DatasetSpec(args.dataset, _parse_kwargs(args.kwargs), args.root)
     field_name = _check_field(args.field)  # before building the dataset (which may download)
-    options = ConvertOptions(
-        max_count=args.max_count,
-        prefix=args.prefix,
-        workers=args.workers,
-        resume=not args.no_resume,
-        storage_options=storage_options(args.storage_option),
-    )
+    options = options_from_args(args)
     dataset = spec.open()
     total = len(dataset) if _indexable(dataset) else None
     with progress_bar("graphs", total=total, unit="graph") as bar:
