@@ -632,15 +632,7 @@ class ShardDataset(IterableDataset):
         state = self.__dict__.copy()
         state["_offset_cache"] = {}
         state["_plan_cache"] = None
-        if self.transform is not None:
-            try:
-                pickle.dumps(self.transform)
-            except Exception as e:
-                raise TypeError(
-                    f"the transform {self.transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
-                    "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
-                    "local function), or use the 'fork' start method"
-                ) from e
+        check_picklable_transform(self.transform)
         return state
 
 
@@ -650,6 +642,20 @@ def _stream_world(world: World, resume: _Resume | None) -> World:
     if resume is None or not resume.streams or world.worker >= len(resume.streams):
         return world
     return world.with_workers(resume.streams[world.worker], world.num_workers)
+
+
+def check_picklable_transform(transform: Any) -> None:
+    """Raise a clear TypeError if a user transform cannot reach spawned DataLoader workers."""
+    if transform is None:
+        return
+    try:
+        pickle.dumps(transform)
+    except Exception as e:
+        raise TypeError(
+            f"the transform {transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
+            "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
+            "local function), or use the 'fork' start method"
+        ) from e
 
 
 def _count_good(items: Iterator[Any], policy: stages.ErrorPolicy) -> Iterator[Any]:

@@ -22,7 +22,6 @@ import bisect
 import logging
 import operator
 import os
-import pickle
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from torch.utils.data import Dataset
 
 from . import storage
 from .codecs import DecodeOptions, decode_field
+from .dataset import check_picklable_transform
 from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
 from .format.tar import iter_samples
 from .source import Source, resolve_source
@@ -176,15 +176,7 @@ class IndexedShardDataset(Dataset):
                 entry.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        if self.transform is not None:
-            try:
-                pickle.dumps(self.transform)
-            except Exception as e:
-                raise TypeError(
-                    f"the transform {self.transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
-                    "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
-                    "local function), or use the 'fork' start method"
-                ) from e
+        check_picklable_transform(self.transform)
         state = self.__dict__.copy()
         for name in ("_cache", "_lock", "_pid"):
             state.pop(name, None)
