@@ -107,6 +107,32 @@ def test_bad_checksum_names_url_and_offset():
         list(iter_samples(chunked(bytes(data)), "s3://b/x.tar"))
 
 
+def _with_checksum(header: bytearray) -> bytes:
+    """Set a ustar header's checksum field the way POSIX defines it (tarfile's calc_chksums)."""
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+@given(st.binary(min_size=100, max_size=100), st.integers(0, 511), st.integers(1, 255))
+@settings(max_examples=300, deadline=None)
+def test_checksum_is_exact_for_any_header_bytes(name_bytes, where, flip):
+    """Any header bytes (high bytes included: the per-half sums reach 65,280) read back with a
+    correct checksum, and any change to one byte outside the checksum field is caught."""
+    header = bytearray(encode_member("000001.bin", b"x")[:512])
+    header[0:100] = name_bytes.replace(b"\0", b"a")  # a full-width name; no NUL, so no prefix split
+    header[257:263] = b"ustar\0"
+    header[345:500] = b"\xff" * 155  # high bytes in the prefix: per-half sums near their maximum
+    good = _with_checksum(header) + b"x" + b"\0" * 511 + END_OF_ARCHIVE
+    assert [d for _, _, d in iter_members([good], "c.tar")] == [b"x"]
+    if 148 <= where < 156:
+        return  # the checksum field itself
+    bad = bytearray(good)
+    bad[where] ^= flip
+    with pytest.raises(ShardFormatError, match="bad tar header checksum at byte 0|non-octal"):
+        list(iter_members([bytes(bad)], "c.tar"))
+
+
 def test_garbage_is_not_a_tar():
     with pytest.raises(ShardFormatError, match="checksum"):
         list(iter_samples([b"this is not a tar file" * 40], "junk.tar"))
