@@ -470,23 +470,9 @@ class ShardDataset(IterableDataset):
     # ------------------------------------------------------------ iteration
 
     def _offsets(self, shard: int) -> np.ndarray | None:
-        """The shard's offset index (None without one), after checking that the shard
-        still has the size the manifest lists: offsets into a changed shard would
-        cut samples in the wrong places."""
+        """The shard's offset index (None without one), loaded once per process.
+        (The shard's size is checked against the manifest when it is opened.)"""
         if shard not in self._offset_cache:
-            manifest = self.source.manifest
-            if manifest is not None and manifest.shards[shard].bytes >= 0:
-                url = self.source.urls[shard]
-                listed = manifest.shards[shard].bytes
-                size = storage.object_size(url, self.io)
-                # shorter: cut short after indexing; reading it yields the samples before the cut
-                # and then reports the truncation. Longer: the shard was replaced.
-                if size > listed:
-                    raise ManifestError(
-                        f"{url}: the shard has {size} bytes but the manifest lists {listed}: it changed since the "
-                        "manifest was written (re-run `shardflow index`, or restore the shard)",
-                        reason="changed_shard",
-                    )
             self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
         return self._offset_cache[shard]
 

@@ -21,6 +21,7 @@ from . import storage
 from .codecs import DecodeOptions, decode_field
 from .errors import (
     DecodeError,
+    ManifestError,
     MissingFieldError,
     SampleError,
     ShardflowError,
@@ -145,6 +146,29 @@ def _from(items: Iterator[Any], start: int) -> Iterator[Any]:
             yield item
 
 
+def _size_check(source: Source, shard: int) -> Callable[[int], None] | None:
+    """A check of the shard's size against the manifest, made when the shard is
+    opened: offsets into a replaced shard would cut samples in the wrong places,
+    and a whole read of one would yield samples the manifest does not list."""
+    manifest = source.manifest
+    if manifest is None or manifest.shards[shard].bytes < 0:
+        return None
+    url = source.urls[shard]
+    listed = manifest.shards[shard].bytes
+
+    def check(size: int) -> None:
+        # shorter: cut short after indexing; reading it yields the samples before the
+        # cut and then reports the truncation. Longer: the shard was replaced.
+        if size > listed:
+            raise ManifestError(
+                f"{url}: the shard has {size} bytes but the manifest lists {listed}: it changed since the "
+                "manifest was written (re-run `shardflow index`, or restore the shard)",
+                reason="changed_shard",
+            )
+
+    return check
+
+
 def _open_segment(
     source: Source,
     shard: int,
@@ -155,14 +179,16 @@ def _open_segment(
 ) -> _Opened:
     """Samples ``[start, stop)`` of one shard, seeking with the offset index if any.
 
-    The shard's bytes start streaming at once (see :func:`storage.open_chunks`).
+    The shard's bytes start streaming at once (see :func:`storage.open_chunks`);
+    its size is checked against the manifest as it opens.
     """
     url = source.urls[shard]
+    check = _size_check(source, shard)
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
-        raw = storage.open_chunks(url, lo, hi, io)
+        raw = storage.open_chunks(url, lo, hi, io, check_size=check)
         return _Opened(raw, _seek_samples(raw, url, lo, hi, io))
-    raw = storage.open_chunks(url, 0, None, io)
+    raw = storage.open_chunks(url, 0, None, io, check_size=check)
     samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield")
     return _Opened(raw, _from(samples, start) if start else samples)
 
@@ -193,25 +219,49 @@ def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
     return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield"))
 
 
-SEEK_GAP = 16  # unneeded samples read through rather than seeking over them
+SEEK_GAP = 16  # unneeded samples read through rather than seeking over them (local files)
+# On a remote store a seek is a new request: a round trip (tens of ms on a bucket)
+# and several ms of client CPU (botocore). Gaps up to this many bytes (estimated
+# from the manifest's mean sample size) are read through instead.
+REMOTE_SEEK_BYTES = 4 << 20
+
+
+def _read_through(source: Source, shard: int) -> int:
+    """The largest gap of unneeded samples that a run of ``shard`` reads through."""
+    if storage.is_local(source.urls[shard]):
+        return SEEK_GAP
+    manifest = source.manifest
+    if manifest is None:
+        return SEEK_GAP
+    info = manifest.shards[shard]
+    if info.samples <= 0 or info.bytes <= 0:
+        return SEEK_GAP
+    return max(SEEK_GAP, REMOTE_SEEK_BYTES * info.samples // info.bytes)
 
 
 def _runs(plan: RankPlan, positions: np.ndarray, source: Source, expand: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of needed samples: ``(segment, first, last)`` arrays, sorted by (segment, first).
 
-    Within a segment, needed samples further apart than :data:`SEEK_GAP` form
-    separate runs when the shard has an offset index (so the reader can seek);
-    without one a segment is a single run (reading restarts at the shard's start).
+    Within a segment, needed samples further apart than :data:`SEEK_GAP` (on a
+    remote store: about :data:`REMOTE_SEEK_BYTES`) form separate runs when the
+    shard has an offset index (so the reader can seek); without one a segment is
+    a single run (reading restarts at the shard's start).
     """
     seg = plan.read_segment[positions].astype(np.int64)
     smp = plan.read_sample[positions]
     order = np.lexsort((smp, seg))
     seg, smp = seg[order], smp[order]
-    seekable = np.asarray([source.index_urls[s.shard] is not None for s in plan.segments], dtype=bool)
+    limit = {}
+    for s in plan.segments:
+        if s.shard not in limit:
+            limit[s.shard] = _read_through(source, s.shard) if source.index_urls[s.shard] is not None else -1
+    # per segment: the largest gap read through; -1: not seekable (one run)
+    through = np.asarray([limit[s.shard] for s in plan.segments], dtype=np.int64)
     new = np.ones(len(seg), dtype=bool)
     if len(seg) > 1:
-        gap = (smp[1:] // expand) - (smp[:-1] // expand) > SEEK_GAP
-        new[1:] = (seg[1:] != seg[:-1]) | (gap & seekable[seg[1:]])
+        lim = through[seg[1:]]
+        gap = (smp[1:] // expand) - (smp[:-1] // expand) > lim
+        new[1:] = (seg[1:] != seg[:-1]) | (gap & (lim >= 0))
     starts = np.flatnonzero(new)
     ends = np.append(starts[1:], len(seg)) - 1
     return seg[starts], smp[starts], smp[ends]
@@ -290,9 +340,15 @@ def read_planned(
     rank_of = {seg: j for j, seg in enumerate(opening)}
     scheduled = 0  # opening[:scheduled] are open, done, or being opened
 
+    counts = source.counts
+
     def open_seg(s: int) -> _Opened:
         seg = plan.segments[run_seg_l[s]]
-        return _open_segment(source, seg.shard, first_l[s] // k, last_l[s] // k + 1, offsets(seg.shard), io)
+        start, stop = first_l[s] // k, last_l[s] // k + 1
+        # a whole shard streams from its start to its last sample: no offset index
+        # to fetch (one request fewer per shard and worker on a remote store)
+        whole = start == 0 and counts is not None and stop == counts[seg.shard]
+        return _open_segment(source, seg.shard, start, stop, None if whole else offsets(seg.shard), io)
 
     # segments opened early are opened in a background thread (loading the offset
     # index is a request too); an error is raised when the segment is reached

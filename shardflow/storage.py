@@ -11,7 +11,7 @@ Everything that touches bytes on disk or on a remote store goes through here:
   is the entry point of the tar reader;
 - :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
 - :func:`open_output` writes an object atomically (it appears only when complete);
-- :func:`join_url`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`.
+- :func:`join_url`, :func:`is_local`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`.
 
 Remote I/O is fsspec's (``s3://``, ``gs://``, ``http(s)://``, ``memory://`` ...). HTTP
 bodies are read raw: ``Accept-Encoding: identity`` is sent and a ``Content-Encoding``
@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from urllib.parse import urljoin
@@ -69,6 +69,7 @@ __all__ = [
     "join_url",
     "list_glob",
     "object_size",
+    "is_local",
     "open_chunks",
     "open_output",
     "read_range",
@@ -204,6 +205,11 @@ def _is_local(url: str) -> bool:
     return _protocol(url) in _LOCAL_PROTOCOLS
 
 
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a local path or ``file://`` URL (no request per open)."""
+    return _is_local(os.fspath(url))
+
+
 def _local_path(url: str) -> str:
     return LocalFileSystem._strip_protocol(url) if _protocol(url) else url
 
@@ -229,12 +235,36 @@ def _options_for(protocol: str, storage_options: Mapping[str, Any]) -> dict[str,
     return flat
 
 
+_S3_SESSION: Any = None
+
+
+def _shared_s3_session() -> Any:
+    """One aiobotocore session per process for every ``s3://`` filesystem.
+
+    Creating an S3 client parses botocore's endpoint and service models (about
+    0.3 s of CPU); a session keeps them once parsed. DataLoader workers forked
+    from a process that has read from S3 inherit its session with the models
+    parsed, so each new worker (every epoch, without persistent workers) skips
+    that cost. Sessions hold no connection or event loop: those belong to the
+    clients, which each process creates for itself.
+    """
+    global _S3_SESSION
+    if _S3_SESSION is None:
+        from aiobotocore.session import AioSession
+
+        _S3_SESSION = AioSession()
+    return _S3_SESSION
+
+
 def _filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem, str]:
     protocol = _protocol(url)
     if protocol in _LOCAL_PROTOCOLS:
         kwargs: dict[str, Any] = {}
     else:
         kwargs = _options_for(protocol, options.storage_options)
+        if protocol in ("s3", "s3a") and not kwargs.keys() & {"session", "profile"}:
+            # (a profile or a session of the user's own: s3fs builds the session from it)
+            kwargs["session"] = _shared_s3_session()
     try:
         return url_to_fs(url, **kwargs)
     except ImportError as exc:
@@ -482,7 +512,67 @@ def _aiohttp_auto_decompress_per_request() -> bool:
     return "auto_decompress" in inspect.signature(aiohttp.ClientSession._request).parameters
 
 
-class _HTTPReader:
+class _StreamReader:
+    """A response body streamed on fsspec's event loop, read ``n`` bytes per call.
+
+    Subclasses open the response in ``__init__`` and implement ``_part`` (one read
+    of at most ``n`` bytes, ``b""`` at the end) and ``_release``.
+    """
+
+    _fs: Any
+    _open = False
+    _error: Exception | None = None
+
+    async def _part(self, n: int) -> bytes:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    async def _read(self, n: int) -> bytes:
+        parts = []
+        got = 0
+        while got < n:
+            try:
+                part = await self._part(n - got)
+            except Exception as exc:
+                if not parts:
+                    raise
+                # keep the bytes received before the failure: they count as progress
+                self._error = exc
+                break
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read(self, n: int) -> bytes:
+        from fsspec.asyn import sync
+
+        if self._error is not None:
+            raise self._error
+        if not self._open:
+            return b""
+        return sync(self._fs.loop, self._read, n)
+
+    def close(self) -> None:
+        from fsspec.asyn import sync
+
+        if not self._open:
+            return
+        self._open = False
+
+        async def _close() -> None:
+            self._release()
+
+        try:
+            sync(self._fs.loop, _close, timeout=5)
+        except Exception:  # loop gone (interpreter exit): the socket dies with it
+            logger.debug("could not close a streamed response cleanly", exc_info=True)
+
+
+class _HTTPReader(_StreamReader):
     """One streaming GET (``Range: bytes=offset-``) on fsspec's aiohttp session and loop.
 
     One request serves the whole range (no request per block); the response's
@@ -495,9 +585,7 @@ class _HTTPReader:
         from fsspec.asyn import sync
 
         self._fs = fs
-        self._sync = sync
         self._resp = None
-        self._error: Exception | None = None
         self.identity = _identity(info)
         self.size = info.get("size")
         kwargs = dict(fs.kwargs)
@@ -518,6 +606,7 @@ class _HTTPReader:
             )
         if stop is None or offset < stop:  # else nothing to read (a GET would be a 416)
             self._resp = sync(fs.loop, self._get, url, offset, headers, kwargs)
+            self._open = True
 
     async def _get(self, url: str, offset: int, headers: dict, kwargs: dict):
         session = await self._fs.set_session()
@@ -567,46 +656,103 @@ class _HTTPReader:
         if change is not None:
             raise ShardChangedError(f"{url} changed while being read ({change})")
 
-    async def _read(self, n: int) -> bytes:
-        parts = []
-        got = 0
-        while got < n:
-            try:
-                part = await self._resp.content.read(n - got)
-            except Exception as exc:
-                if not parts:
-                    raise
-                # keep the bytes received before the failure: they count as progress
-                self._error = exc
-                break
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+    async def _part(self, n: int) -> bytes:
+        return await self._resp.content.read(n)
 
-    def read(self, n: int) -> bytes:
-        if self._error is not None:
-            raise self._error
-        if self._resp is None:
-            return b""
-        return self._sync(self._fs.loop, self._read, n)
+    def _release(self) -> None:
+        self._resp.close()
 
-    def close(self) -> None:
-        resp, self._resp = self._resp, None
-        if resp is None:
-            return
 
-        async def _close() -> None:
-            resp.close()
+class _S3Reader(_StreamReader):
+    """One streaming ``GetObject`` (``Range: bytes=offset-``) on s3fs's client and loop.
 
+    One request serves the rest of the range, where an fsspec file issues one ranged
+    request per block after a ``HEAD``: the response itself gives the object's ETag,
+    version and size (``Content-Range``). A single GET reads one version of the
+    object; a reopen (after a dropped connection) sends ``If-Match`` with the ETag
+    seen first, so that the store refuses a changed object (412) rather than
+    splicing two versions: that is raised as :class:`ShardChangedError`.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, offset: int,
+                 stop: int | None, expect: Mapping[str, str] | None) -> None:
+        from fsspec.asyn import sync
+
+        self._fs = fs
+        self._body = None
+        self.size: int | None = None
+        self.identity: dict[str, str] = {}
+        bucket, key, version = fs.split_path(path)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if version:
+            kwargs["VersionId"] = version
+        etag = (expect or {}).get("ETag")
+        if etag:
+            kwargs["IfMatch"] = etag
+        if offset or stop is not None:
+            kwargs["Range"] = f"bytes={offset}-{'' if stop is None else stop - 1}"
         try:
-            self._sync(self._fs.loop, _close, timeout=5)
-        except Exception:  # loop gone (interpreter exit): the socket dies with it
-            logger.debug("could not close an HTTP response cleanly", exc_info=True)
+            resp = sync(fs.loop, fs._call_s3, "get_object", **kwargs)
+        except OSError as exc:
+            code = _s3_error_code(exc)
+            if code == "PreconditionFailed":
+                raise ShardChangedError(
+                    f"{url} changed while being read, at byte {offset} (its ETag is no longer {etag})"
+                ) from exc
+            if code == "InvalidRange":  # offset at or past the end: nothing left to read
+                info = _fresh_info(fs, path)
+                self.identity = _identity(info)
+                self.size = info.get("size")
+                return
+            raise
+        self._body = resp["Body"]
+        self._open = True
+        total = None
+        match = re.fullmatch(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", str(resp.get("ContentRange") or "").strip())
+        if match is not None:
+            if int(match.group(1)) != offset:
+                self.close()
+                raise RemoteReadError(
+                    f"reading {url}: asked for bytes from {offset}, the store answered "
+                    f"Content-Range {resp.get('ContentRange')!r}"
+                )
+            total = None if match.group(3) == "*" else int(match.group(3))
+        elif "Range" not in kwargs:
+            total = resp.get("ContentLength")
+        # the keys that fs.info() reports too (LastModified is formatted differently)
+        seen = {"ETag": resp.get("ETag"), "VersionId": resp.get("VersionId"), "size": total}
+        self.identity = {k: str(v) for k, v in seen.items() if v is not None}
+        self.size = total
+
+    async def _part(self, n: int) -> bytes:
+        return await self._body.read(n)
+
+    def _release(self) -> None:
+        self._body.close()
 
 
-def _open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions):
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind an s3fs error (s3fs maps most codes to OSError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            return response.get("Error", {}).get("Code")
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    try:
+        from s3fs import S3FileSystem
+    except ImportError:
+        return False
+    return isinstance(fs, S3FileSystem)
+
+
+def _open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
+                 expect: Mapping[str, str] | None = None):
     if isinstance(fs, LocalFileSystem):
         return _LocalReader(path, offset)
     if _is_memory(fs):
@@ -616,6 +762,8 @@ def _open_reader(fs, path: str, url: str, offset: int, end: int | None, options:
         size = info.get("size")
         stop = end if size is None else (size if end is None else min(end, size))
         return _HTTPReader(fs, url, offset, stop, info)
+    if _is_s3(fs):
+        return _S3Reader(fs, path, url, offset, end, expect)
     return _FileReader(fs, path, offset, options.block_size)
 
 
@@ -661,7 +809,8 @@ def iter_chunks(url: str, start: int = 0, end: int | None = None,
 
 
 def _chunks(url: str, start: int, end: int | None, options: IOOptions,
-            expect: Mapping[str, str] | None = None) -> Iterator[bytes]:
+            expect: Mapping[str, str] | None = None,
+            check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
     fs, path = _filesystem(url, options)
     offset = start
     stop = end
@@ -672,9 +821,11 @@ def _chunks(url: str, start: int, end: int | None, options: IOOptions,
         while stop is None or offset < stop:
             try:
                 if reader is None:
-                    reader = _open_reader(fs, path, url, offset, stop, options)
+                    reader = _open_reader(fs, path, url, offset, stop, options, identity)
                     if identity is None:
                         identity = reader.identity
+                        if check_size is not None and reader.size is not None:
+                            check_size(reader.size)
                     else:
                         change = _difference(identity, reader.identity)
                         if change is not None:
@@ -1287,14 +1438,16 @@ class _ShardCache:
             os.close(fd)
 
 
-def _cached_chunks(url: str, start: int, end: int | None, options: IOOptions) -> Iterator[bytes]:
+def _cached_chunks(url: str, start: int, end: int | None, options: IOOptions,
+                   check_size: Callable[[int], None] | None) -> Iterator[bytes]:
     cache = _ShardCache(options.cache_dir, options.cache_limit)
     with cache.entry(url, options) as local:
-        yield from _chunks(local if local is not None else url, start, end, options)
+        yield from _chunks(local if local is not None else url, start, end, options, check_size=check_size)
 
 
 def open_chunks(url: str, start: int = 0, end: int | None = None,
-                options: IOOptions = _DEFAULT_OPTIONS) -> Iterator[bytes]:
+                options: IOOptions = _DEFAULT_OPTIONS, *,
+                check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The byte stream the tar reader consumes: cache, then retried reads, then read-ahead.
 
     With ``options.cache_dir`` set and a remote ``url``, the whole object is first
@@ -1302,6 +1455,11 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     share one download), then ``[start, end)`` is served from the local copy. The
     read-ahead thread (``options.readahead`` chunks) starts at once, so a shard
     opened early is fetched while the previous one is consumed.
+
+    Args:
+        check_size: called with the object's size in bytes when it is first
+            opened (no extra request: the open reports it); raise from it to
+            refuse the object, e.g. a shard that changed since it was indexed.
 
     Returns:
         An iterator of ``bytes`` chunks as :func:`iter_chunks`; close it to release
@@ -1312,11 +1470,11 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     if _is_local(url):
         # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
         # (measured: ~20% of raw iteration time spent waiting on its queue).
-        return _chunks(url, start, end, options)
+        return _chunks(url, start, end, options, check_size=check_size)
     if options.cache_dir is not None:
-        source = _cached_chunks(url, start, end, options)
+        source = _cached_chunks(url, start, end, options, check_size)
     else:
-        source = _chunks(url, start, end, options)
+        source = _chunks(url, start, end, options, check_size=check_size)
     return readahead(source, options.readahead)
 
 

@@ -15,12 +15,17 @@ Fixtures (available to every test through ``tests/conftest.py``):
   credentials and ``AWS_ENDPOINT_URL`` pointing at it for the whole session (no
   real AWS can be reached). ``.endpoint_url``, ``.bucket``, ``.storage_options``
   (for s3fs), ``.fs()`` (an ``S3FileSystem``), ``.url(key)``.
+- ``s3_proxy``: a TCP proxy on ``127.0.0.1`` in front of the moto server that
+  cuts connections on demand (``proxy.drop_after(n)``: the next ``n`` bytes sent
+  to clients pass, then the connection is closed), for dropped S3 streams;
+  ``.storage_options`` reach moto through it.
 - ``s3_prefix``: a fresh ``s3://<bucket>/<unique>/`` prefix per test (uses
   ``moto_server``); ``s3_options`` the matching storage options.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import html
 import itertools
@@ -44,11 +49,13 @@ __all__ = [
     "FileHTTPServer",
     "MotoS3",
     "Stats",
+    "DroppingProxy",
     "flaky_http_server",
     "http_server",
     "moto_server",
     "s3_options",
     "s3_prefix",
+    "s3_proxy",
     "wait_until",
 ]
 
@@ -402,6 +409,87 @@ class MotoS3:
         return f"s3://{self.bucket}/{key.lstrip('/')}"
 
 
+
+class DroppingProxy:
+    """A TCP proxy to ``target`` (host, port) that closes connections on demand.
+
+    ``drop_after(n)`` arms it: the next ``n`` bytes sent from the target to
+    clients (over any connection) are forwarded, then that connection is shut
+    down, as a network drop would; ``drops`` counts the cuts. With ``hold=True``
+    the connection stalls after those bytes until :meth:`release` cuts it, so a
+    test can act between "the client has these bytes" and "the stream broke".
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.drops = 0
+        self._budget: int | None = None
+        self._hold = False
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def drop_after(self, n: int, hold: bool = False) -> None:
+        with self._lock:
+            self._budget = n
+            self._hold = hold
+            self._released.clear()
+
+    def release(self) -> None:
+        """Cut the connection held by ``drop_after(n, hold=True)``."""
+        self._released.set()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+        try:
+            while True:
+                data = src.recv(16 << 10)
+                if not data:
+                    break
+                cut = False
+                if downstream:
+                    with self._lock:
+                        if self._budget is not None:
+                            if len(data) >= self._budget:
+                                data, cut = data[: self._budget], True
+                                self._budget = None
+                                self.drops += 1
+                            else:
+                                self._budget -= len(data)
+                dst.sendall(data)
+                if cut:
+                    if self._hold:
+                        self._released.wait(30)
+                    break
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._released.set()
+        self._listener.close()
+
+
 _AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -457,6 +545,19 @@ def s3_prefix(moto_server: MotoS3, request: pytest.FixtureRequest) -> str:
 def s3_options(moto_server: MotoS3) -> dict[str, Any]:
     """Storage options for the moto server."""
     return moto_server.storage_options
+
+
+@pytest.fixture
+def s3_proxy(moto_server: MotoS3) -> DroppingProxy:
+    """A :class:`DroppingProxy` in front of the moto server; ``.storage_options`` use it."""
+    host, port = urllib.parse.urlsplit(moto_server.endpoint_url).netloc.split(":")
+    proxy = DroppingProxy((host, int(port)))
+    proxy.storage_options = {  # type: ignore[attr-defined]
+        **moto_server.storage_options,
+        "client_kwargs": {"endpoint_url": proxy.endpoint_url, "region_name": "us-east-1"},
+    }
+    yield proxy
+    proxy.close()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:

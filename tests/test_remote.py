@@ -259,6 +259,42 @@ def test_main_process_reads_after_workers_were_forked(tmp_path):
         server.wait(30)
 
 
+# --------------------------------------------------------------------------- requests per epoch
+
+
+def test_an_epoch_of_whole_shards_is_one_get_per_shard(http_server, tmp_path):
+    """Whole shards stream from their start: no offset index to fetch, and the
+    size check against the manifest comes with the shard's own response."""
+    srv = http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 30, 10)
+    serve_folder(srv, tmp_path / "d")
+    ds = shardflow.ShardDataset(srv.url, decode=None)
+    srv.reset_stats()
+    assert got(ds) == in_order(want)
+    assert srv.stats.gets_by_path == {f"train-{i:06d}.tar": 1 for i in range(3)}
+
+
+def test_sparse_remote_reads_read_through_instead_of_a_request_per_gap(http_server, tmp_path):
+    """Rank 1 of 7 takes every 7th sample: locally each gap is seeked over; remotely
+    a seek is a request, so gaps smaller than REMOTE_SEEK_BYTES are read through."""
+    from shardflow import stages
+
+    srv = http_server
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 200, 100)
+    serve_folder(srv, tmp_path / "d")
+    ds = shardflow.ShardDataset(srv.url, decode=None, rank=1, world_size=7, shuffle=False)
+    plan = ds.plan(0)
+    positions = np.arange(len(plan.read_sample))
+    sparse = positions[positions % 25 == 0]  # 8 samples, 24 unneeded between each
+    local = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=7, shuffle=False)
+    assert len(stages._runs(local.plan(0), sparse, local.source, 1)[0]) == len(sparse)  # a seek per sample
+    assert len(stages._runs(plan, sparse, ds.source, 1)[0]) <= 2  # one run per shard
+    # and reading a rank's share remotely: one GET per shard part, the right samples
+    srv.reset_stats()
+    assert got(ds) == got(local) and len(got(local)) == 29  # 200 samples over 7 ranks, padded
+    assert sum(v for k, v in srv.stats.gets_by_path.items() if k.endswith(".tar")) <= 2
+
+
 # --------------------------------------------------------------------------- read-ahead of the next shard
 
 
@@ -495,11 +531,14 @@ def test_random_access_on_compressed_shards_is_refused(tmp_path):
     with pytest.raises(ShardFormatError, match=r"train-000000\.tar: compressed shard") as info:
         ix[3]
     assert info.value.reason == "compressed_shard"
-    # streaming with the offset index (rank 1 seeks into shard 1): the same clear error
+    # streaming: a whole shard is read from its start, decompressed, without the index
+    assert [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path / "d"), decode=None)] == [f"{i:06d}" for i in range(12)]
+    # parts of shards need the offset index (rank 1 of 3 reads samples 4-7: the end of
+    # shard 0 and the start of shard 1): a clear error
     with pytest.raises(ShardFormatError, match=r"train-00000[01]\.tar: compressed shard .*offset index") as info:
-        list(shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=2))
+        list(shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=3))
     assert info.value.reason == "compressed_shard"
-    ds = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, on_error="skip")
+    ds = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=3, on_error="skip")
     with pytest.raises(shardflow.errors.ShardflowError, match="yielded no sample"):
         list(ds)
-    assert ds.stats["compressed_shard"] == 2 and ds.stats["lost_samples"] == 12
+    assert ds.stats["compressed_shard"] == 2 and ds.stats["lost_samples"] == 4
