@@ -342,13 +342,20 @@ def read_planned(
 
     counts = source.counts
 
+    through: dict[int, int] = {}
+
     def open_seg(s: int) -> _Opened:
         seg = plan.segments[run_seg_l[s]]
+        shard = seg.shard
         start, stop = first_l[s] // k, last_l[s] // k + 1
-        # a whole shard streams from its start to its last sample: no offset index
-        # to fetch (one request fewer per shard and worker on a remote store)
-        whole = start == 0 and counts is not None and stop == counts[seg.shard]
-        return _open_segment(source, seg.shard, start, stop, None if whole else offsets(seg.shard), io)
+        # A run that starts and ends within a read-through gap of the shard's ends
+        # streams the shard from its start (skipping to ``start``): no offset index
+        # to fetch, one request fewer per shard and worker on a remote store.
+        if shard not in through:
+            through[shard] = _read_through(source, shard)
+        gap = through[shard]
+        whole = counts is not None and start <= gap and counts[shard] - stop <= gap
+        return _open_segment(source, shard, start, stop, None if whole else offsets(shard), io)
 
     # segments opened early are opened in a background thread (loading the offset
     # index is a request too); an error is raised when the segment is reached

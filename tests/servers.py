@@ -72,6 +72,9 @@ class Faults:
             in the file (a reopened read starting there is dropped at once).
         max_drops: drop at most this many times (``None``: no limit).
         drop_every: only every k-th GET is eligible for a drop.
+        drop_only: only GETs of this relative path are eligible (``None``: any),
+            so that a drop does not depend on which shard a read-ahead thread
+            requests first.
         fail_next: answer this many next requests (GET or HEAD) with ``fail_status``.
         fail_status: the status used by ``fail_next``.
         change_on_drop: after the first drop, replace the served file's content by
@@ -93,6 +96,7 @@ class Faults:
     drop_at: int | None = None
     max_drops: int | None = None
     drop_every: int = 1
+    drop_only: str | None = None
     fail_next: int = 0
     fail_status: int = 503
     change_on_drop: bytes | None = None
@@ -213,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
         with srv.lock:
             eligible = (faults.max_drops is None or srv.stats.drops < faults.max_drops) and (
                 get_number % max(faults.drop_every, 1) == 0
-            )
+            ) and faults.drop_only in (None, rel)
         if eligible:
             cuts = []
             if faults.drop_after is not None:
