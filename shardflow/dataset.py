@@ -306,14 +306,17 @@ class ShardDataset(IterableDataset):
         n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
         return n
 
-    def num_batches(self, num_workers: int = 1) -> int:
-        """Batches per epoch of this rank under the loader's batching (sized only)."""
+    def num_batches(self, num_workers: int = 1, epoch: int | None = None) -> int:
+        """Batches per epoch of this rank under the loader's batching (sized only).
+
+        ``epoch`` matters only with cost-bounded batches, whose count depends on the
+        epoch's order (None: :attr:`epoch`)."""
         counts = self._item_counts()
         if counts is None:
             raise TypeError("unknown number of batches: this ShardDataset has no manifest (see `shardflow index`)")
         split = self._split_config()
         if split.max_cost is not None:  # cost-bounded batches: the count depends on the epoch's order
-            return self.plan().num_batches
+            return self.plan(epoch).num_batches
         world = self.world()
         _, nb, _, _ = rank_share(int(counts.sum()), world.world_size, split)
         return nb
@@ -359,6 +362,12 @@ class ShardDataset(IterableDataset):
         """Called at the start of every iteration in the process that iterates."""
         if worker >= _MAX_WORKERS:
             raise ShardflowError(f"at most {_MAX_WORKERS} DataLoader workers are supported")
+        if torch.utils.data.get_worker_info() is None:
+            # Iterating in this process: advance the epoch for every worker slot, so that
+            # DataLoader workers forked later (each counting its own iterations) agree.
+            epoch = int(self._control[0]) + int(self._control[1])
+            self._apply_epoch(epoch + 1)
+            return epoch
         n = int(self._control[1 + worker])
         self._control[1 + worker] = n + 1
         return int(self._control[0]) + n

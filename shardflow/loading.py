@@ -100,12 +100,23 @@ class ShardLoader:
         return max(self.num_workers, 1)
 
     def __len__(self) -> int:
-        """Batches per epoch of this rank.
+        """Batches per epoch of this rank: of the epoch being iterated, or else of
+        the one the next ``iter()`` starts (they differ only under ``max_cost``).
 
         Raises:
             TypeError: the dataset has no manifest (unsized stream).
         """
-        return self.dataset.num_batches(self.workers)
+        epoch = self._epoch if self._active and self._epoch is not None else self._coming_epoch()
+        return self.dataset.num_batches(self.workers, epoch)
+
+    def _coming_epoch(self) -> int:
+        """The epoch the next ``iter()`` starts."""
+        ds = self.dataset
+        if self._pending is not None:
+            return int(self._pending["epoch"])
+        if ds._user_epoch is not None:
+            return ds._user_epoch
+        return ds.epoch if self._epoch is None else self._epoch + 1
 
     def _dataloader(self, fresh: bool) -> DataLoader:
         if self._dl is None or fresh:
@@ -114,16 +125,10 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
+        epoch = self._coming_epoch()
         pending, self._pending = self._pending, None
         if pending is not None:
             ds._load_resume(pending, self.workers)
-            epoch = int(pending["epoch"])
-        elif ds._user_epoch is not None:
-            epoch = ds._user_epoch
-        elif self._epoch is None:
-            epoch = ds.epoch
-        else:
-            epoch = self._epoch + 1
         ds._user_epoch = None
         resume = ds._resume
         if resume is None or resume.epoch != epoch:
@@ -216,10 +221,7 @@ class ShardLoader:
         if self._pending is not None:  # loaded, not iterated yet: keep that position
             return dict(self._pending)
         if not self._lists:
-            epoch = (self._epoch + 1) if self._epoch is not None else ds.epoch
-            if ds._user_epoch is not None:
-                epoch = ds._user_epoch
-            return ds._make_state("ShardLoader", self.workers, epoch, [], 0)
+            return ds._make_state("ShardLoader", self.workers, self._coming_epoch(), [], 0)
         if ds.sized:
             remaining = [_ranges(lst[t:]) for lst, t in zip(self._lists, self._taken)]
             next_worker = self._next_worker

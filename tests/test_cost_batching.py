@@ -48,8 +48,13 @@ def test_node_budget_equal_batches_every_sample_once(skewed, world_size):
     for rank in range(world_size):
         ds = shardflow.ShardDataset(folder, shuffle=True, seed=1, rank=rank, world_size=world_size)
         loader = shardflow.loader(ds, batch_size=64, max_cost=budget, cost="num_nodes", num_workers=2 if rank == 0 else 0)
-        batches = list(loader)
-        assert len(batches) == len(loader)
+        planned = len(loader)  # the coming epoch's count (cost batches: it depends on the order)
+        batches = []
+        for b in loader:
+            assert len(loader) == planned  # during the epoch: this epoch's
+            batches.append(b)
+        assert len(batches) == planned
+        assert len(loader) == ds.num_batches(loader.workers, epoch=1)  # after it: the next epoch's
         for b in batches:
             nodes = b["graph.pyg"].num_nodes
             assert nodes <= budget or len(b["__key__"]) == 1

@@ -372,6 +372,22 @@ def test_c05_plain_dataloader_epochs(sixteen: Path, persistent: bool) -> None:
     assert sorted(s["__key__"] for s in dl) == want[1]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_c05_epochs_agree_after_iterating_in_this_process(sixteen: Path, persistent: bool) -> None:
+    """An epoch iterated in the main process (a sanity pass before training, say),
+    then a DataLoader: both workers must start the same next epoch, or they split
+    different plans and yield some samples twice and others never."""
+    ds = ShardDataset(sixteen, shuffle=True, seed=0, rank=1, world_size=2)
+    assert len({s["__key__"] for s in ds}) == 8  # epoch 0, in this process
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent, timeout=TIMEOUT)
+    second = [s["__key__"] for s in dl]  # epoch 1, in 2 workers
+    assert len(second) == len(set(second)) == 8  # this rank's 8 samples, each once
+    ref = ShardDataset(sixteen, shuffle=True, seed=0, rank=1, world_size=2)
+    ref.set_epoch(1)
+    assert second == [s["__key__"] for s in DataLoader(ref, batch_size=None, num_workers=2, timeout=TIMEOUT)]
+    assert [s["__key__"] for s in ds] != second  # and the main process goes on with epoch 2
+
+
 def test_world_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     from shardflow.world import World
 
