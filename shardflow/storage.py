@@ -245,8 +245,10 @@ def _shared_s3_session() -> Any:
     0.3 s of CPU); a session keeps them once parsed. DataLoader workers forked
     from a process that has read from S3 inherit its session with the models
     parsed, so each new worker (every epoch, without persistent workers) skips
-    that cost. Sessions hold no connection or event loop: those belong to the
-    clients, which each process creates for itself.
+    that cost. Connections and event loops belong to the clients, which each
+    process creates for itself; the one loop-bound thing a session holds, its
+    resolved credentials (refreshable ones carry an asyncio lock), is dropped in
+    a forked child and resolved again there.
     """
     global _S3_SESSION
     if _S3_SESSION is None:
@@ -256,15 +258,38 @@ def _shared_s3_session() -> Any:
     return _S3_SESSION
 
 
+def _s3_session_after_fork() -> None:
+    if _S3_SESSION is not None:
+        _S3_SESSION._credentials = None
+
+
+@functools.lru_cache(maxsize=1)
+def _s3fs_arguments() -> frozenset[str]:
+    """The keyword arguments ``S3FileSystem`` takes itself (others go to its session)."""
+    import inspect
+
+    from s3fs import S3FileSystem
+
+    return frozenset(inspect.signature(S3FileSystem.__init__).parameters)
+
+
+def _with_shared_session(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``S3FileSystem`` with the shared session, unless the options
+    name a session, a profile, or anything s3fs would pass to a session of its own."""
+    if "session" in kwargs or "profile" in kwargs or not kwargs.keys() <= _s3fs_arguments():
+        return kwargs
+    return {**kwargs, "session": _shared_s3_session()}
+
+
 def _filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem, str]:
     protocol = _protocol(url)
     if protocol in _LOCAL_PROTOCOLS:
         kwargs: dict[str, Any] = {}
     else:
         kwargs = _options_for(protocol, options.storage_options)
-        if protocol in ("s3", "s3a") and not kwargs.keys() & {"session", "profile"}:
-            # (a profile or a session of the user's own: s3fs builds the session from it)
-            kwargs["session"] = _shared_s3_session()
+        if protocol in ("s3", "s3a"):
+            with contextlib.suppress(ImportError):  # (without s3fs: the install hint below)
+                kwargs = _with_shared_session(kwargs)
     try:
         return url_to_fs(url, **kwargs)
     except ImportError as exc:
@@ -345,7 +370,8 @@ def _after_fork_in_parent() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_s3_session_after_fork)
 
 
 # --------------------------------------------------------------------------- errors and retries
@@ -476,8 +502,8 @@ class _MemoryReader:
 class _FileReader:
     """An fsspec file object opened without caching: each ``read`` is one ranged request.
 
-    s3fs pins such a file to the ETag it saw at open (``If-Match``), so a change
-    mid-read fails the read instead of mixing versions.
+    For stores without a streaming reader of ours (gcs, azure, ...); a reopen is
+    checked against the identity ``fs.info()`` reported at the first open.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, offset: int,
@@ -687,7 +713,7 @@ class _S3Reader(_StreamReader):
         if version:
             kwargs["VersionId"] = version
         etag = (expect or {}).get("ETag")
-        if etag:
+        if etag and not etag.startswith("W/"):  # (a weak ETag never matches If-Match)
             kwargs["IfMatch"] = etag
         if offset or stop is not None:
             kwargs["Range"] = f"bytes={offset}-{'' if stop is None else stop - 1}"
@@ -719,6 +745,14 @@ class _S3Reader(_StreamReader):
             total = None if match.group(3) == "*" else int(match.group(3))
         elif "Range" not in kwargs:
             total = resp.get("ContentLength")
+        elif offset:
+            # a gateway that ignores Range sends the object from byte 0: those bytes
+            # must not be taken for the ones asked for
+            self.close()
+            raise RemoteReadError(
+                f"reading {url}: asked for bytes from {offset}, the store answered without a "
+                "Content-Range (it ignores Range requests)"
+            )
         # the keys that fs.info() reports too (LastModified is formatted differently)
         seen = {"ETag": resp.get("ETag"), "VersionId": resp.get("VersionId"), "size": total}
         self.identity = {k: str(v) for k, v in seen.items() if v is not None}

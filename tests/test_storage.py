@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from shardflow.storage import (
     read_range,
     readahead,
 )
+from shardflow.storage import _filesystem as storage_filesystem
 from tests.servers import FileHTTPServer, wait_until
 
 DATA = hashlib.sha256(b"seed").digest() * 313 + b"tail!"  # 10021 bytes, no repeats at 1000
@@ -916,3 +918,69 @@ def test_s3_filesystems_share_one_session_unless_the_user_sets_one(moto_server):
     assert fs_c.session is own
     fs_d, _ = storage._filesystem("s3://a/x.tar", IOOptions(storage_options={**moto_server.storage_options, "profile": "p"}))
     assert fs_d.session is None  # s3fs creates it (for that profile) on first use
+
+
+class _ContainerCredentials(BaseHTTPRequestHandler):
+    """ECS/EKS-style container credentials that expire in 5 minutes (botocore then
+    refreshes them on use, under an asyncio lock bound to the event loop)."""
+
+    def log_message(self, *args):  # noqa: D401 - silence the stdlib server
+        pass
+
+    def do_GET(self):
+        import datetime
+        import json
+
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=5)
+        body = json.dumps({"AccessKeyId": "testing", "SecretAccessKey": "testing", "Token": "testing",
+                           "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_forked_workers_resolve_refreshable_credentials_again(moto_server, s3_prefix, monkeypatch):
+    """The shared session's credentials are bound to the parent's event loop: a
+    forked DataLoader worker must resolve its own, or its first refresh fails."""
+    import torch
+
+    import shardflow
+    from shardflow import storage
+
+    with shardflow.ShardWriter(s3_prefix + "t-%06d.tar", max_count=5, storage_options=moto_server.storage_options) as w:
+        for i in range(20):
+            w.write({"__key__": f"{i:06d}", "cls": i})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ContainerCredentials)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"http://127.0.0.1:{server.server_address[1]}/creds")
+        monkeypatch.setattr(storage, "_S3_SESSION", None)
+        options = {"client_kwargs": moto_server.storage_options["client_kwargs"]}  # credentials from the environment
+        ds = shardflow.ShardDataset(s3_prefix, decode=None, shuffle=True, storage_options=options)
+        assert sorted(int(s["cls"]) for s in ds) == list(range(20))  # the parent resolved refreshable credentials
+        assert "Refreshable" in type(storage._S3_SESSION._credentials).__name__
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
+        assert sorted(int(s["cls"]) for s in loader) == list(range(20))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_s3_store_that_ignores_range_is_refused(moto_server, s3_prefix, monkeypatch):
+    data = bytes(range(256)) * 40
+    moto_server.fs().pipe(s3_prefix + "x.tar", data)
+    opts = IOOptions(storage_options=moto_server.storage_options, retries=0)
+    fs, _ = storage_filesystem(s3_prefix + "x.tar", opts)
+    real = type(fs)._call_s3
+
+    async def without_range(self, method, *args, **kwargs):  # a gateway answering 200 + the whole object
+        kwargs.pop("Range", None)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(type(fs), "_call_s3", without_range)
+    assert b"".join(iter_chunks(s3_prefix + "x.tar", 0, 100, options=opts)) == data[:100]
+    with pytest.raises(RemoteReadError, match=r"x\.tar: asked for bytes from 100, the store answered without a Content-Range"):
+        b"".join(iter_chunks(s3_prefix + "x.tar", 100, 200, options=opts))
