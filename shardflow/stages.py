@@ -314,8 +314,9 @@ def read_planned(
     if positions.size == 0:
         return
     lo, hi = int(positions[0]), int(positions[-1]) + 1
-    # Reads: runs of needed samples per segment. A gap of more than SEEK_GAP unneeded
-    # samples starts a new run, opened by seeking with the offset index, so a worker
+    # Reads: runs of needed samples per segment. A gap of more unneeded samples than
+    # _read_through allows (SEEK_GAP locally, about REMOTE_SEEK_BYTES remotely)
+    # starts a new run, opened by seeking with the offset index, so a worker
     # that owns every k-th batch, or a resumed epoch, reads only what it yields.
     runs = _runs(plan, positions, source, expand)
     run_seg, first, last = runs
@@ -361,6 +362,10 @@ def read_planned(
     # index is a request too); an error is raised when the segment is reached
     opener: ThreadPoolExecutor | None = None
     opened_early: dict[int, Future[_Opened]] = {}
+    # runs that go on through the offset index after a format error: the sample the
+    # index was entered at (-1: not yet), and the error that sent them there
+    reseek: dict[int, int] = {}
+    first_error: dict[int, ShardflowError] = {}
     try:
         for rel in range(hi - lo):
             pos = lo + rel
@@ -385,35 +390,63 @@ def read_planned(
                     yield pos, None
                 continue
             seg = plan.segments[run_seg_l[s]]
-            it = iters.get(s)
-            try:
-                if it is None:
-                    early = opened_early.pop(s, None)
-                    scheduled = max(scheduled, rank_of[s] + 1)
-                    it = iters[s] = early.result() if early is not None else open_seg(s)
-                    # as many segments opening ahead as are open now (the interleave)
-                    while scheduled < len(opening) and len(opened_early) < len(iters):
-                        if opener is None:
-                            opener = ThreadPoolExecutor(_OPENERS, thread_name_prefix="shardflow-open")
-                        ahead = opening[scheduled]
-                        opened_early[ahead] = opener.submit(open_seg, ahead)
-                        scheduled += 1
-                item = next(it, None)
-                if item is None:
-                    raise TruncatedShardError(
-                        f"{source.urls[seg.shard]}: shard ended before sample {i // k}; the manifest lists "
-                        f"{source.counts[seg.shard] if source.counts is not None else '?'} samples"
-                    )
-            except ShardflowError as e:
-                if policy.mode == "raise":
-                    raise
-                _close(iters.pop(s, None))
-                dead.add(s)
-                policy.handle(e, samples=0, shard=source.urls[seg.shard])
-                if want:
-                    policy.stats["lost_samples"] += 1
-                    policy.stats["skipped"] += 1
-                    yield pos, None
+            item = None
+            while item is None:
+                it = iters.get(s)
+                if it is None and s in reseek and not want:
+                    break  # resumed through the index at the next needed sample
+                try:
+                    if it is None:
+                        if s in reseek:
+                            it = iters[s] = _open_segment(
+                                source, seg.shard, i // k, last_l[s] // k + 1, offsets(seg.shard), io
+                            )
+                            reseek[s] = i // k
+                        else:
+                            early = opened_early.pop(s, None)
+                            scheduled = max(scheduled, rank_of[s] + 1)
+                            it = iters[s] = early.result() if early is not None else open_seg(s)
+                            # as many segments opening ahead as are open now (the interleave)
+                            while scheduled < len(opening) and len(opened_early) < len(iters):
+                                if opener is None:
+                                    opener = ThreadPoolExecutor(_OPENERS, thread_name_prefix="shardflow-open")
+                                ahead = opening[scheduled]
+                                opened_early[ahead] = opener.submit(open_seg, ahead)
+                                scheduled += 1
+                    item = next(it, None)
+                    if item is None:
+                        raise TruncatedShardError(
+                            f"{source.urls[seg.shard]}: shard ended before sample {i // k}; the manifest lists "
+                            f"{source.counts[seg.shard] if source.counts is not None else '?'} samples"
+                        )
+                except ShardflowError as e:
+                    _close(iters.pop(s, None))
+                    item = None
+                    if (
+                        isinstance(e, ShardFormatError)
+                        and reseek.get(s) != i // k
+                        and source.index_urls[seg.shard] is not None
+                        and e.reason != "compressed_shard"
+                    ):
+                        # A format error met while reading from the shard's start or through a
+                        # gap may lie in samples that are not this reader's: go on through the
+                        # offset index from this sample on, so that only its own samples decide.
+                        # An error in the sample the index led to is this sample's.
+                        reseek[s] = -1
+                        first_error.setdefault(s, e)
+                        continue
+                    if e.reason == "compressed_shard" and s in first_error:
+                        e = first_error[s]  # the index cannot enter it: the first error is the one
+                    if policy.mode == "raise":
+                        raise e
+                    dead.add(s)
+                    policy.handle(e, samples=0, shard=source.urls[seg.shard])
+                    if want:
+                        policy.stats["lost_samples"] += 1
+                        policy.stats["skipped"] += 1
+                        yield pos, None
+                    break
+            if item is None:
                 continue
             if i // k == last_l[s] // k:
                 _close(iters.pop(s, None))

@@ -544,3 +544,50 @@ def test_random_access_on_compressed_shards_is_refused(tmp_path):
     with pytest.raises(shardflow.errors.ShardflowError, match="yielded no sample"):
         list(ds)
     assert ds.stats["compressed_shard"] == 1 and ds.stats["lost_samples"] == 25
+
+
+# --------------------------------------------------------------------------- reading only one's own samples
+
+
+def _corrupt_header(path: str, sample: int) -> None:
+    """Flip a byte of sample ``sample``'s first member name: a bad header checksum, same size."""
+    offsets = np.load(path + ".idx.npy")
+    data = bytearray(open(path, "rb").read())
+    data[int(offsets[sample]) + 10] ^= 0x01
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_a_corrupt_sample_outside_the_share_does_not_touch_it(http_server, tmp_path, on_error, where):
+    """Rank 1 of 2 owns samples 20-39; sample 5 is corrupt. Reading from the shard's
+    start (no index fetch) or through a gap meets it, so the reader goes on through
+    the offset index: rank 1 yields its 20 samples, rank 0 reports the error."""
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 40, 40, size=200)
+    _corrupt_header(str(tmp_path / "d" / "train-000000.tar"), 5)
+    serve_folder(http_server, tmp_path / "d")
+    source = str(tmp_path / "d") if where == "local" else http_server.url
+    kw = dict(decode=None, world_size=2, shuffle=False, on_error=on_error)
+    rank1 = shardflow.ShardDataset(source, rank=1, **kw)
+    assert got(rank1) == in_order(want)[20:] and dict(rank1.stats) == {"samples": 20}
+    rank0 = shardflow.ShardDataset(source, rank=0, **kw)
+    if on_error == "raise":
+        with pytest.raises(ShardFormatError, match=r"train-000000\.tar: bad tar header checksum at byte"):
+            list(rank0)
+    else:
+        # sample 4 is complete only once the next header parses: it goes with the rest
+        assert got(rank0) == in_order(want)[:4]
+        assert rank0.stats["bad_shard"] == 1 and rank0.stats["lost_samples"] == 16
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_shard_cut_right_after_the_share_still_yields_it(tmp_path, on_error):
+    """Rank 2 of 5 owns samples 4 and 5; the shard is cut inside sample 6's header.
+    Read from the start, sample 5 would only be complete once 6's header parsed: the
+    index's end offset bounds it instead."""
+    want = write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, size=200)
+    path = tmp_path / "d" / "train-000000.tar"
+    offsets = np.load(str(path) + ".idx.npy")
+    path.write_bytes(path.read_bytes()[: int(offsets[6]) + 100])
+    ds = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=2, world_size=5, shuffle=False, on_error=on_error)
+    assert got(ds) == in_order(want)[4:6] and dict(ds.stats) == {"samples": 2}
