@@ -159,28 +159,54 @@ def assert_resumes(
         ``(epoch, next_epoch)`` as recorded, in canonical form.
     """
     consume = consume or iter
+    step = ["recording the epoch (make(), first consume)"]
+    try:
+        return _assert_resumes(make, consume, k, check_next_epoch, step)
+    except Exception as e:
+        # say which step failed, so that a rare failure in CI is diagnosable from its log alone
+        if hasattr(e, "add_note"):  # Python >= 3.11
+            e.add_note(f"assert_resumes(k={k}) failed while {step[0]}" + (f"; saved state: {step[1]}" if len(step) > 1 else ""))
+        raise
+
+
+def _assert_resumes(
+    make: Callable[[], Any],
+    consume: Callable[[Any], Iterator[Any]],
+    k: int,
+    check_next_epoch: bool,
+    step: list[Any],
+) -> tuple[list[Any], list[Any]]:
     first = make()
     record = [canonical(x) for x in consume(first)]
+    step[0] = "recording the next epoch (second consume of the first object)"
     record_next = [canonical(x) for x in consume(first)] if check_next_epoch else []
+    step[0] = "dropping the first object"
     del first
     if not 0 <= k <= len(record):
         raise ValueError(f"k={k} outside the epoch of {len(record)} items")
 
+    step[0] = f"taking {k} items from a second object"
     second = make()
     it = consume(second)
     head = _take(it, k)
     assert head == record[:k], "a fresh object does not reproduce the recorded epoch"
+    step[0] = "saving the second object's state_dict()"
     state = second.state_dict()
     state = pickle.loads(pickle.dumps(copy.deepcopy(state)))
+    step[1:] = [{key: state.get(key) for key in ("epoch", "next_worker", "remaining")}]
+    step[0] = "dropping the second object and its iterator"
     del it, second
 
+    step[0] = "building the third object and loading the state"
     third = make()
     third.load_state_dict(state)
+    step[0] = "finishing the resumed epoch on the third object"
     rest = [canonical(x) for x in consume(third)]
     assert len(rest) == len(record) - k, f"resumed with {len(rest)} items, expected {len(record) - k}"
     for j, (got, want) in enumerate(zip(rest, record[k:])):
         assert got == want, f"item {k + j} differs after resuming at {k}"
     if check_next_epoch:
+        step[0] = "iterating the epoch after the resumed one on the third object"
         after = [canonical(x) for x in consume(third)]
         assert after == record_next, "the epoch after the resumed one differs from the recorded next epoch"
     return record, record_next
