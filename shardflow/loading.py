@@ -204,7 +204,12 @@ class ShardLoader:
         finally:
             self._active = False
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
-                del it  # shut the workers down now, not at garbage collection
+                # Shut the workers down now: an exception's traceback holds the iterator
+                # (its frames), which would keep them running until it is collected.
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+                del it
         self._lists = []
 
     def state_dict(self) -> dict[str, Any]:

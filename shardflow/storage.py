@@ -413,6 +413,18 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, TimeoutError, http.client.HTTPException, EOFError))
 
 
+def _is_io_error(exc: BaseException) -> bool:
+    """Whether an exception is about reading from the store (and so worth naming the
+    URL and offset in a :class:`RemoteReadError`); others propagate as they are."""
+    if isinstance(exc, (OSError, TimeoutError, EOFError, http.client.HTTPException)):
+        return True
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return True
+    boto = sys.modules.get("botocore.exceptions")
+    return boto is not None and isinstance(exc, (boto.BotoCoreError, boto.ClientError))
+
+
 def _delay(options: IOOptions, failures: int) -> float:
     return min(options.backoff * 2 ** (failures - 1), max(MAX_BACKOFF, options.backoff))
 
@@ -441,6 +453,8 @@ def _call_with_retries(url: str, offset: int, options: IOOptions, fn):
             raise
         except Exception as exc:
             if not _is_transient(exc):
+                if not _is_io_error(exc):
+                    raise
                 raise _fail(url, offset, exc, 0) from exc
             failures += 1
             if failures > options.retries:
@@ -884,6 +898,8 @@ def _chunks(url: str, start: int, end: int | None, options: IOOptions,
                 raise
             except Exception as exc:
                 if not _is_transient(exc):
+                    if not _is_io_error(exc):
+                        raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
                     if isinstance(exc, FileNotFoundError) and identity is not None:
                         raise ShardChangedError(
                             f"{url} changed while being read: it disappeared at byte {offset}"

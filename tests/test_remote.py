@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import multiprocessing
 import os
 import re
 import uuid
@@ -474,8 +475,10 @@ def test_retries_exhausted_through_workers(flaky_http_server, tmp_path):
     assert ds.stats["samples"] == 26 and ds.stats["skipped"] == 4
     # on_error="raise": re-raised in the main process, naming the shard and the offset
     ds = shardflow.ShardDataset(srv.url, decode=None, io=IOOptions(retries=1, backoff=0.0))
-    with pytest.raises(RemoteReadError, match=re.escape(srv.url_for("train-000001.tar")) + ".* at byte"):
+    with pytest.raises(RemoteReadError, match=re.escape(srv.url_for("train-000001.tar")) + ".* at byte") as info:
         list(shardflow.loader(ds, batch_size=5, num_workers=2))
+    # the workers are gone although the traceback (kept in `info`) still holds the iterator
+    assert info.traceback and multiprocessing.active_children() == []
 
 
 # --------------------------------------------------------------------------- compressed shards

@@ -984,3 +984,23 @@ def test_s3_store_that_ignores_range_is_refused(moto_server, s3_prefix, monkeypa
     assert b"".join(iter_chunks(s3_prefix + "x.tar", 0, 100, options=opts)) == data[:100]
     with pytest.raises(RemoteReadError, match=r"x\.tar: asked for bytes from 100, the store answered without a Content-Range"):
         b"".join(iter_chunks(s3_prefix + "x.tar", 100, 200, options=opts))
+
+
+def test_errors_not_about_the_store_propagate_unchanged(tmp_path, monkeypatch):
+    """Only I/O errors become RemoteReadError (with the URL and offset); anything else,
+    a bug or torch's "DataLoader worker exited unexpectedly" RuntimeError raised by a
+    signal handler in the middle of a read, keeps its type."""
+    from shardflow import storage
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"x" * 1000)
+
+    def broken(self, n):
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly")
+
+    monkeypatch.setattr(storage._LocalReader, "read", broken)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        list(iter_chunks(str(path)))
+    monkeypatch.setattr(storage._LocalReader, "read", lambda self, n: (_ for _ in ()).throw(PermissionError("denied")))
+    with pytest.raises(RemoteReadError, match=r"s\.tar failed at byte 0: PermissionError: denied"):
+        list(iter_chunks(str(path)))
