@@ -345,6 +345,12 @@ def read_planned(
 
     through: dict[int, int] = {}
 
+    def _ended(shard: int, sample: int) -> TruncatedShardError:
+        return TruncatedShardError(
+            f"{urls[shard]}: shard ended before sample {sample}; the manifest lists "
+            f"{counts[shard] if counts is not None else '?'} samples"
+        )
+
     def open_seg(s: int) -> _Opened:
         seg = plan.segments[run_seg_l[s]]
         shard = seg.shard
@@ -391,12 +397,21 @@ def read_planned(
                 continue
             seg = plan.segments[run_seg_l[s]]
             item = None
-            while item is None:
-                it = iters.get(s)
-                if it is None and s in reseek and not want:
-                    break  # resumed through the index at the next needed sample
+            error: ShardflowError | None = None
+            it = iters.get(s)
+            if it is not None:  # the common case: the run's stream is open
                 try:
-                    if it is None:
+                    item = next(it, None)
+                except ShardflowError as e:
+                    error = e
+                else:
+                    if item is None:
+                        error = _ended(seg.shard, i // k)
+            while item is None:
+                if error is None:
+                    if s in reseek and not want:
+                        break  # resumed through the index at the next needed sample
+                    try:
                         if s in reseek:
                             it = iters[s] = _open_segment(
                                 source, seg.shard, i // k, last_l[s] // k + 1, offsets(seg.shard), io
@@ -413,39 +428,39 @@ def read_planned(
                                 ahead = opening[scheduled]
                                 opened_early[ahead] = opener.submit(open_seg, ahead)
                                 scheduled += 1
-                    item = next(it, None)
-                    if item is None:
-                        raise TruncatedShardError(
-                            f"{source.urls[seg.shard]}: shard ended before sample {i // k}; the manifest lists "
-                            f"{source.counts[seg.shard] if source.counts is not None else '?'} samples"
-                        )
-                except ShardflowError as e:
-                    _close(iters.pop(s, None))
-                    item = None
-                    if (
-                        isinstance(e, ShardFormatError)
-                        and reseek.get(s) != i // k
-                        and source.index_urls[seg.shard] is not None
-                        and e.reason != "compressed_shard"
-                    ):
-                        # A format error met while reading from the shard's start or through a
-                        # gap may lie in samples that are not this reader's: go on through the
-                        # offset index from this sample on, so that only its own samples decide.
-                        # An error in the sample the index led to is this sample's.
-                        reseek[s] = -1
-                        first_error.setdefault(s, e)
-                        continue
-                    if e.reason == "compressed_shard" and s in first_error:
-                        e = first_error[s]  # the index cannot enter it: the first error is the one
-                    if policy.mode == "raise":
-                        raise e
-                    dead.add(s)
-                    policy.handle(e, samples=0, shard=source.urls[seg.shard])
-                    if want:
-                        policy.stats["lost_samples"] += 1
-                        policy.stats["skipped"] += 1
-                        yield pos, None
-                    break
+                        item = next(it, None)
+                        if item is None:
+                            error = _ended(seg.shard, i // k)
+                    except ShardflowError as e:
+                        error = e
+                    if item is not None:
+                        break
+                _close(iters.pop(s, None))
+                e, error = error, None
+                if (
+                    isinstance(e, ShardFormatError)
+                    and reseek.get(s) != i // k
+                    and source.index_urls[seg.shard] is not None
+                    and e.reason != "compressed_shard"
+                ):
+                    # A format error met while reading from the shard's start or through a
+                    # gap may lie in samples that are not this reader's: go on through the
+                    # offset index from this sample on, so that only its own samples decide.
+                    # An error in the sample the index led to is this sample's.
+                    reseek[s] = -1
+                    first_error.setdefault(s, e)
+                    continue
+                if e.reason == "compressed_shard" and s in first_error:
+                    e = first_error[s]  # the index cannot enter it: the first error is the one
+                if policy.mode == "raise":
+                    raise e
+                dead.add(s)
+                policy.handle(e, samples=0, shard=source.urls[seg.shard])
+                if want:
+                    policy.stats["lost_samples"] += 1
+                    policy.stats["skipped"] += 1
+                    yield pos, None
+                break
             if item is None:
                 continue
             if i // k == last_l[s] // k:
