@@ -46,6 +46,12 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
     )
 
 
+def report(line: str) -> int:
+    """Print a converter's one-line summary (the CLI's output) and return exit status 0."""
+    print(line)
+    return 0
+
+
 def storage_options(pairs: list[str]) -> dict[str, str]:
     """Parse repeated ``KEY=VALUE`` options."""
     out = {}

@@ -607,7 +607,7 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args
+    from ..cli.convert import options_from_args, report
     from ..cli.progress import progress_bar
 
     spec = inspect_array(args.src, args.array)
@@ -624,6 +624,5 @@ def _main(args: argparse.Namespace) -> int:
             options=options,
             progress=bar,
         )
-    print(f"{manifest.num_samples} rows of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
-    return 0
+    return report(f"{manifest.num_samples} rows of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
 

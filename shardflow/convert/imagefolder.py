@@ -440,7 +440,7 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args
+    from ..cli.convert import options_from_args, report
     from ..cli.progress import progress_bar
 
     options = options_from_args(args)
@@ -452,8 +452,7 @@ def _cli(args: argparse.Namespace) -> int:
         manifest = convert_imagefolder(args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update)
     seconds = time.perf_counter() - start
     n = manifest.num_samples
-    print(
+    return report(
         f"{n} samples, {len(manifest.meta['class_to_idx'])} classes, {len(manifest.shards)} shards "
         f"in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} files/s) -> {args.dst}"
     )
-    return 0

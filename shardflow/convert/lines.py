@@ -239,12 +239,11 @@ def register_cli(kinds: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args
+    from ..cli.convert import options_from_args, report
     from ..cli.progress import progress_bar
 
     options = options_from_args(args)
     with progress_bar("lines", unit="line") as bar:
         manifest = convert_lines(args.src, args.dst, json_lines=args.json_lines, options=options, progress=bar)
-    print(f"{manifest.num_samples} samples from {manifest.meta.get('lines')} lines of {args.src} -> "
-          f"{len(manifest.shards)} shard(s) in {args.dst}")
-    return 0
+    return report(f"{manifest.num_samples} samples from {manifest.meta.get('lines')} lines of {args.src} -> "
+                  f"{len(manifest.shards)} shard(s) in {args.dst}")

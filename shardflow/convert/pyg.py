@@ -768,7 +768,7 @@ def _parse_kwargs(text: str) -> dict[str, Any]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args
+    from ..cli.convert import options_from_args, report
     from ..cli.progress import progress_bar
 
     spec = DatasetSpec(args.dataset, _parse_kwargs(args.kwargs), args.root)
@@ -778,5 +778,4 @@ def _main(args: argparse.Namespace) -> int:
     total = len(dataset) if _indexable(dataset) else None
     with progress_bar("graphs", total=total, unit="graph") as bar:
         manifest = _convert(dataset, args.dst, spec=spec, field_name=field_name, options=options, progress=bar)
-    print(f"{manifest.num_samples} graphs of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
-    return 0
+    return report(f"{manifest.num_samples} graphs of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
