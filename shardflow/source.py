@@ -141,6 +141,11 @@ def _sibling_manifest(urls: list[str], options: storage.IOOptions) -> Source | N
     return _from_manifest(manifest, murl, urls)
 
 
+def _home(url: str) -> str:
+    """``~`` and ``~user`` expanded in a local path, as a shell would (URLs unchanged)."""
+    return os.path.expanduser(url) if url.startswith("~") else url
+
+
 def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.IOOptions) -> Source:
     """Turn a dataset source into a :class:`Source`.
 
@@ -156,6 +161,7 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if isinstance(source, str):
+        source = _home(source)
         if source.endswith(".json"):
             return _from_manifest(load_manifest(source, options), source)
         if _is_dir(source, options):
@@ -171,6 +177,7 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
         urls = [os.fspath(u) for u in source]
         if not all(isinstance(u, str) for u in urls):
             raise TypeError("a list source must hold URL strings")
+        urls = [_home(u) for u in urls]
         globbed = [u for u in urls if has_glob(u)]
         if globbed:
             raise ValueError(

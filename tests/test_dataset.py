@@ -298,3 +298,15 @@ def test_all_empty_shards_yield_nothing_without_error(tmp_path):
     ds = shardflow.ShardDataset(str(tmp_path))
     assert len(ds) == 0 and list(ds) == []
     assert len(shardflow.loader(ds, batch_size=2)) == 0 and list(shardflow.loader(ds, batch_size=2)) == []
+
+
+def test_a_home_relative_source_is_expanded(tmp_path, monkeypatch):
+    """``ShardDataset("~/shards")`` (the README's example) reads the folder in $HOME."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with shardflow.ShardWriter(str(tmp_path / "shards" / "t-%06d.tar"), max_count=2) as w:
+        for i in range(3):
+            w.write({"__key__": f"{i:06d}", "cls": i})
+    for source in ("~/shards", "~/shards/shardflow.json", ["~/shards/t-000000.tar", "~/shards/t-000001.tar"]):
+        ds = shardflow.ShardDataset(source, decode=None)
+        assert len(ds) == 3 and [s["__key__"] for s in ds] == ["000000", "000001", "000002"], source
+        assert ds.urls[0] == str(tmp_path / "shards" / "t-000000.tar")
