@@ -62,3 +62,22 @@ def test_index_refuses_non_adjacent_shards(tmp_path):
 
         index_shards([str(tmp_path / "bad.tar")])
     assert not (tmp_path / "shardflow.json").exists()
+
+
+def test_index_refuses_to_drop_shards_from_an_existing_manifest(tmp_path, capsys):
+    """Indexing one shard of a converted folder would replace its manifest by a
+    one-shard one, losing the others' counts and class_to_idx: refused, unless --force."""
+    with shardflow.ShardWriter(str(tmp_path / "t-%06d.tar"), max_count=4, meta={"class_to_idx": {"a": 0}}) as w:
+        for i in range(10):
+            w.write({"__key__": f"{i:06d}", "cls": i})
+    before = (tmp_path / "shardflow.json").read_text()
+    assert main(["index", str(tmp_path / "t-000000.tar")]) == 1
+    err = capsys.readouterr().err
+    assert "shardflow.json lists 3 shards, 2 of which this run does not index (e.g. t-000001.tar)" in err
+    assert "class_to_idx" in err and "--force" in err
+    assert (tmp_path / "shardflow.json").read_text() == before  # untouched
+    # all the shards: re-indexed in place; --force: replaced as asked
+    assert main(["index", str(tmp_path)]) == 0
+    assert len(shardflow.ShardDataset(str(tmp_path))) == 10
+    assert main(["index", str(tmp_path / "t-000000.tar"), "--force"]) == 0
+    assert len(shardflow.ShardDataset(str(tmp_path))) == 4

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardflowError as e:
         print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("urls", nargs="+", help="shard URLs, brace patterns or globs (local or fsspec)")
     p.add_argument("--out", help="folder for shardflow.json and the offset indexes (default: the shards' folder)")
     p.add_argument("--workers", type=int, default=4, help="shards scanned at once (default 4)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing shardflow.json that lists shards this run does not index")
     p.set_defaults(func=run)
 
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
             urls.extend(found)
         else:
             urls.extend(expand_urls(pattern))
+    _check_existing(urls, args.out, args.force)
     t0 = time.perf_counter()
     with progress_bar("index", total=len(urls), unit="shard") as update:
         m = index_shards(urls, out=args.out, workers=args.workers, progress=update)
@@ -45,3 +48,30 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stdout,
     )
     return 0
+
+
+def _check_existing(urls: list[str], out: str | None, force: bool) -> None:
+    """Refuse to replace a manifest that lists shards this run leaves out: their counts,
+    and the converter's metadata (``class_to_idx``...), would be lost without a word."""
+    from ..format.manifest import MANIFEST_NAME
+    from ..source import load_manifest
+    from ..storage import IOOptions, exists
+    from ..urls import join_url, parent_url
+
+    folders = {parent_url(u) for u in urls}
+    if force or (out is None and len(folders) != 1):
+        return  # (several folders without --out: index_shards says so)
+    murl = join_url(out if out is not None else folders.pop(), MANIFEST_NAME)
+    io = IOOptions()
+    if not exists(murl, io):
+        return
+    old = load_manifest(murl, io)
+    names = {u.rstrip("/").rsplit("/", 1)[-1] for u in urls}
+    left_out = [s.url for s in old.shards if s.url.rstrip("/").rsplit("/", 1)[-1] not in names]
+    if left_out:
+        raise FileExistsError(
+            f"{murl} lists {len(old.shards)} shards, {len(left_out)} of which this run does not index "
+            f"(e.g. {left_out[0]}): replacing it would drop them and its metadata "
+            f"({', '.join(sorted(old.meta)) or 'none'}). Index all the shards, write elsewhere with --out, "
+            "or pass --force to replace it"
+        )
