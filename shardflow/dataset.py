@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -201,6 +202,7 @@ class ShardDataset(IterableDataset):
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
         self._batching: _Batching | None = None
+        self._in_loader = False  # True while a shardflow.loader iterates this dataset
         self._resume: _Resume | None = None
         self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
@@ -486,6 +488,14 @@ class ShardDataset(IterableDataset):
         return self._offset_cache[shard]
 
     def __iter__(self) -> Iterator[Any]:
+        if self._batching is not None and not self._in_loader:
+            # Iterated by itself (or by a plain DataLoader) after a shardflow.loader took it:
+            # samples under the dataset's own split, not the loader's batch records.
+            view = copy.copy(self)
+            view._batching = None
+            items = iter(view)
+            self.stats = view.stats
+            return items
         world = self.world()
         epoch = self._begin(world.worker)
         resume = self._resume if (self._resume is not None and self._resume.epoch == epoch) else None

@@ -156,7 +156,12 @@ class ShardLoader:
     def _run(self, resuming: bool) -> Iterator[Any]:
         ds = self.dataset
         ds.world()  # detect the ranks here, in the main process: workers get them with the dataset
-        it = iter(self._dataloader(fresh=resuming))
+        ds._in_loader = True  # (workers started now, forked or pickled, carry the flag)
+        try:
+            it = iter(self._dataloader(fresh=resuming))
+        except BaseException:
+            ds._in_loader = False
+            raise
         ds._resume = None  # the workers have their copy; later epochs start afresh
         stats: dict[int, dict[str, int]] = {}
         self._active = True
@@ -203,6 +208,7 @@ class ShardLoader:
                 )
         finally:
             self._active = False
+            ds._in_loader = False
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.

@@ -402,3 +402,16 @@ def test_world_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert World.detect(0, 2) == World(0, 2)  # explicit wins
     with pytest.raises(ValueError, match="both"):
         World.detect(rank=1)
+
+
+def test_a_dataset_given_to_a_loader_still_iterates_samples(sixteen: Path) -> None:
+    """shardflow.loader(ds) configures ds for its batches; ds itself, and a plain
+    DataLoader over it, still yield samples (not the loader's batch records)."""
+    ds = ShardDataset(sixteen, shuffle=True, seed=0, rank=1, world_size=2)
+    loader = make_loader(ds, batch_size=3, num_workers=2, timeout=TIMEOUT)
+    assert len(loader) == 3 and [len(b["__key__"]) for b in loader] == [3, 3, 2]
+    own = [s["__key__"] for s in ds]
+    assert len(own) == len(set(own)) == 8 and all(isinstance(k, str) for k in own)
+    plain = [s["__key__"] for s in DataLoader(ds, batch_size=None, num_workers=2, timeout=TIMEOUT)]
+    assert len(plain) == len(set(plain)) == 8
+    assert sum(len(b["__key__"]) for b in loader) == 8  # and the loader still batches
