@@ -239,24 +239,29 @@ def _read_through(source: Source, shard: int) -> int:
     return max(SEEK_GAP, REMOTE_SEEK_BYTES * info.samples // info.bytes)
 
 
-def _runs(plan: RankPlan, positions: np.ndarray, source: Source, expand: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _runs(
+    plan: RankPlan, positions: np.ndarray, source: Source, expand: int, gaps: dict[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of needed samples: ``(segment, first, last)`` arrays, sorted by (segment, first).
 
     Within a segment, needed samples further apart than :data:`SEEK_GAP` (on a
     remote store: about :data:`REMOTE_SEEK_BYTES`) form separate runs when the
     shard has an offset index (so the reader can seek); without one a segment is
-    a single run (reading restarts at the shard's start).
+    a single run (reading restarts at the shard's start). ``gaps`` caches
+    :func:`_read_through` per shard (filled here, for the caller to reuse).
     """
+    gaps = {} if gaps is None else gaps
     seg = plan.read_segment[positions].astype(np.int64)
     smp = plan.read_sample[positions]
     order = np.lexsort((smp, seg))
     seg, smp = seg[order], smp[order]
-    limit = {}
     for s in plan.segments:
-        if s.shard not in limit:
-            limit[s.shard] = _read_through(source, s.shard) if source.index_urls[s.shard] is not None else -1
+        if s.shard not in gaps:
+            gaps[s.shard] = _read_through(source, s.shard)
     # per segment: the largest gap read through; -1: not seekable (one run)
-    through = np.asarray([limit[s.shard] for s in plan.segments], dtype=np.int64)
+    through = np.asarray(
+        [gaps[s.shard] if source.index_urls[s.shard] is not None else -1 for s in plan.segments], dtype=np.int64
+    )
     new = np.ones(len(seg), dtype=bool)
     if len(seg) > 1:
         lim = through[seg[1:]]
@@ -318,7 +323,8 @@ def read_planned(
     # _read_through allows (SEEK_GAP locally, about REMOTE_SEEK_BYTES remotely)
     # starts a new run, opened by seeking with the offset index, so a worker
     # that owns every k-th batch, or a resumed epoch, reads only what it yields.
-    runs = _runs(plan, positions, source, expand)
+    gaps: dict[int, int] = {}  # shard -> the gap its runs read through (see _read_through)
+    runs = _runs(plan, positions, source, expand, gaps)
     run_seg, first, last = runs
     # plain lists: indexing numpy arrays element by element is several times slower
     run_all = _run_of(plan, lo, hi, runs)
@@ -343,8 +349,6 @@ def read_planned(
 
     counts = source.counts
 
-    through: dict[int, int] = {}
-
     def _ended(shard: int, sample: int) -> TruncatedShardError:
         return TruncatedShardError(
             f"{urls[shard]}: shard ended before sample {sample}; the manifest lists "
@@ -358,9 +362,7 @@ def read_planned(
         # A run that starts and ends within a read-through gap of the shard's ends
         # streams the shard from its start (skipping to ``start``): no offset index
         # to fetch, one request fewer per shard and worker on a remote store.
-        if shard not in through:
-            through[shard] = _read_through(source, shard)
-        gap = through[shard]
+        gap = gaps[shard]
         whole = counts is not None and start <= gap and counts[shard] - stop <= gap
         return _open_segment(source, shard, start, stop, None if whole else offsets(shard), io)
 

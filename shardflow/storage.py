@@ -552,6 +552,23 @@ def _aiohttp_auto_decompress_per_request() -> bool:
     return "auto_decompress" in inspect.signature(aiohttp.ClientSession._request).parameters
 
 
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+def _range_total(value: str | None, url: str, offset: int) -> int | None:
+    """The object's size from the ``Content-Range`` of a response to a request for
+    the bytes from ``offset`` on (None for ``*``).
+
+    Raises:
+        RemoteReadError: the header is missing or malformed, or the range starts
+            elsewhere (the bytes would be taken for the wrong ones).
+    """
+    match = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if match is None or int(match.group(1)) != offset:
+        raise RemoteReadError(f"reading {url}: asked for bytes from {offset}, the store answered Content-Range {value!r}")
+    return None if match.group(3) == "*" else int(match.group(3))
+
+
 class _StreamReader:
     """A response body streamed on fsspec's event loop, read ``n`` bytes per call.
 
@@ -676,14 +693,7 @@ class _HTTPReader(_StreamReader):
         headers = resp.headers
         total = None
         if resp.status == 206:
-            match = re.fullmatch(r"bytes\s+(\d+)-(\d+)/(\d+|\*)",
-                                 headers.get("Content-Range", "").strip())
-            if match is None or int(match.group(1)) != offset:
-                raise RemoteReadError(
-                    f"reading {url}: asked for bytes from {offset}, the server answered "
-                    f"Content-Range {headers.get('Content-Range')!r}"
-                )
-            total = None if match.group(3) == "*" else match.group(3)
+            total = _range_total(headers.get("Content-Range"), url, offset)
         elif resp.status == 200:
             if headers.get("Content-Encoding", "identity") in ("identity", ""):
                 total = headers.get("Content-Length")
@@ -748,15 +758,12 @@ class _S3Reader(_StreamReader):
         self._body = resp["Body"]
         self._open = True
         total = None
-        match = re.fullmatch(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", str(resp.get("ContentRange") or "").strip())
-        if match is not None:
-            if int(match.group(1)) != offset:
+        if resp.get("ContentRange"):
+            try:
+                total = _range_total(resp["ContentRange"], url, offset)
+            except RemoteReadError:
                 self.close()
-                raise RemoteReadError(
-                    f"reading {url}: asked for bytes from {offset}, the store answered "
-                    f"Content-Range {resp.get('ContentRange')!r}"
-                )
-            total = None if match.group(3) == "*" else int(match.group(3))
+                raise
         elif "Range" not in kwargs:
             total = resp.get("ContentLength")
         elif offset:
