@@ -37,7 +37,7 @@ from .dataset import check_picklable_transform
 from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
 from .format.tar import iter_samples
 from .source import Source, resolve_source
-from .urls import SHARD_SUFFIXES
+from .storage.urls import SHARD_SUFFIXES
 
 __all__ = ["IndexedShardDataset"]
 

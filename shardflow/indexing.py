@@ -18,7 +18,7 @@ from . import storage
 from .format.keys import codec_extension
 from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets
 from .format.tar import scan_shard
-from .urls import join_url, parent_url
+from .storage.urls import join_url, parent_url
 from .writer import write_manifest
 
 __all__ = ["index_shards"]

@@ -24,7 +24,7 @@ from .format.keys import check_field, check_key
 from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets, fields_of
 from .format.tar import END_OF_ARCHIVE, encode_sample
 from .graph import is_graph
-from .urls import join_url, parent_url
+from .storage.urls import join_url, parent_url
 
 __all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest"]
 

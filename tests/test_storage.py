@@ -36,7 +36,7 @@ from shardflow.storage import (
     read_range,
     readahead,
 )
-from shardflow.storage import _filesystem as storage_filesystem
+from shardflow.storage.filesystems import filesystem as storage_filesystem
 from tests.servers import FileHTTPServer, wait_until
 
 DATA = hashlib.sha256(b"seed").digest() * 313 + b"tail!"  # 10021 bytes, no repeats at 1000
@@ -907,16 +907,16 @@ def test_s3_filesystems_share_one_session_unless_the_user_sets_one(moto_server):
     """Every s3:// filesystem of a process builds its client from one aiobotocore
     session (parsed models are kept: forked workers inherit them); a profile or a
     session of the user's own is left to s3fs."""
-    from shardflow import storage
+    from shardflow.storage import filesystems
 
     opts = IOOptions(storage_options=moto_server.storage_options)
-    fs_a, _ = storage._filesystem("s3://a/x.tar", opts)
-    fs_b, _ = storage._filesystem("s3://b/y.tar", opts)
-    assert fs_a.session is fs_b.session is storage._shared_s3_session()
+    fs_a, _ = filesystems.filesystem("s3://a/x.tar", opts)
+    fs_b, _ = filesystems.filesystem("s3://b/y.tar", opts)
+    assert fs_a.session is fs_b.session is filesystems.shared_s3_session()
     own = object()
-    fs_c, _ = storage._filesystem("s3://a/x.tar", IOOptions(storage_options={**moto_server.storage_options, "session": own}))
+    fs_c, _ = filesystems.filesystem("s3://a/x.tar", IOOptions(storage_options={**moto_server.storage_options, "session": own}))
     assert fs_c.session is own
-    fs_d, _ = storage._filesystem("s3://a/x.tar", IOOptions(storage_options={**moto_server.storage_options, "profile": "p"}))
+    fs_d, _ = filesystems.filesystem("s3://a/x.tar", IOOptions(storage_options={**moto_server.storage_options, "profile": "p"}))
     assert fs_d.session is None  # s3fs creates it (for that profile) on first use
 
 
@@ -946,7 +946,7 @@ def test_forked_workers_resolve_refreshable_credentials_again(moto_server, s3_pr
     import torch
 
     import shardflow
-    from shardflow import storage
+    from shardflow.storage import filesystems
 
     with shardflow.ShardWriter(s3_prefix + "t-%06d.tar", max_count=5, storage_options=moto_server.storage_options) as w:
         for i in range(20):
@@ -957,11 +957,11 @@ def test_forked_workers_resolve_refreshable_credentials_again(moto_server, s3_pr
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"http://127.0.0.1:{server.server_address[1]}/creds")
-        monkeypatch.setattr(storage, "_S3_SESSION", None)
+        monkeypatch.setattr(filesystems, "_S3_SESSION", None)
         options = {"client_kwargs": moto_server.storage_options["client_kwargs"]}  # credentials from the environment
         ds = shardflow.ShardDataset(s3_prefix, decode=None, shuffle=True, storage_options=options)
         assert sorted(int(s["cls"]) for s in ds) == list(range(20))  # the parent resolved refreshable credentials
-        assert "Refreshable" in type(storage._S3_SESSION._credentials).__name__
+        assert "Refreshable" in type(filesystems._S3_SESSION._credentials).__name__
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
         assert sorted(int(s["cls"]) for s in loader) == list(range(20))
     finally:
@@ -990,7 +990,7 @@ def test_errors_not_about_the_store_propagate_unchanged(tmp_path, monkeypatch):
     """Only I/O errors become RemoteReadError (with the URL and offset); anything else,
     a bug or torch's "DataLoader worker exited unexpectedly" RuntimeError raised by a
     signal handler in the middle of a read, keeps its type."""
-    from shardflow import storage
+    from shardflow.storage.readers.local import LocalReader
 
     path = tmp_path / "s.tar"
     path.write_bytes(b"x" * 1000)
@@ -998,9 +998,9 @@ def test_errors_not_about_the_store_propagate_unchanged(tmp_path, monkeypatch):
     def broken(self, n):
         raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly")
 
-    monkeypatch.setattr(storage._LocalReader, "read", broken)
+    monkeypatch.setattr(LocalReader, "read", broken)
     with pytest.raises(RuntimeError, match="exited unexpectedly"):
         list(iter_chunks(str(path)))
-    monkeypatch.setattr(storage._LocalReader, "read", lambda self, n: (_ for _ in ()).throw(PermissionError("denied")))
+    monkeypatch.setattr(LocalReader, "read", lambda self, n: (_ for _ in ()).throw(PermissionError("denied")))
     with pytest.raises(RemoteReadError, match=r"s\.tar failed at byte 0: PermissionError: denied"):
         list(iter_chunks(str(path)))

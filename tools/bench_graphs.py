@@ -222,7 +222,7 @@ def step_profile(work: str) -> dict:
         "decode_graph (safetensors parse + Data)": cum("shardflow/graph/codec.py", "decode_graph"),
         "collate_graphs (Batch)": cum("shardflow/graph/collate.py", "collate_graphs"),
         "tar parse (shardflow/format/tar.py)": own("shardflow/format/tar.py"),
-        "file reads (storage.py, builtin read)": own("shardflow/storage.py")
+        "file reads (shardflow/storage/, builtin read)": own("shardflow/storage/")
         + sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "read" in fn),
         "shuffle buffer, plan, stages (own time)": own("shardflow/stages.py", "shardflow/plan.py", "shardflow/source.py"),
         "dataset + loader (own time)": own("shardflow/dataset.py", "shardflow/loading.py", "shardflow/collation.py"),

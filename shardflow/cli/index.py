@@ -8,7 +8,8 @@ import sys
 import time
 
 from ..indexing import index_shards
-from ..urls import SHARD_SUFFIXES, expand_urls
+from ..storage import expand_urls
+from ..storage.urls import SHARD_SUFFIXES
 from .progress import progress_bar
 
 
@@ -56,7 +57,7 @@ def _check_existing(urls: list[str], out: str | None, force: bool) -> None:
     from ..format.manifest import MANIFEST_NAME
     from ..source import load_manifest
     from ..storage import IOOptions, exists
-    from ..urls import join_url, parent_url
+    from ..storage.urls import join_url, parent_url
 
     folders = {parent_url(u) for u in urls}
     if force or (out is None and len(folders) != 1):

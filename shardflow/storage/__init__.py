@@ -1,0 +1,71 @@
+"""Storage layer: byte streams over local paths and any fsspec URL.
+
+Everything that touches bytes on disk or on a remote store goes through here:
+
+- :func:`iter_chunks` streams a byte range of an object in blocks and survives
+  transient failures by reopening at the byte offset already reached, after
+  checking that the object did not change in between;
+- :func:`read_range` is one ranged read (random access), with the same retries;
+- :func:`readahead` runs a chunk stream in a background thread;
+- :func:`open_chunks` composes local cache -> :func:`iter_chunks` -> read-ahead and
+  is the entry point of the tar reader;
+- :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
+- :func:`open_output` writes an object atomically (it appears only when complete);
+- :func:`join_url`, :func:`is_local`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`.
+
+Remote I/O is fsspec's (``s3://``, ``gs://``, ``http(s)://``, ``memory://`` ...). HTTP
+bodies are read raw: ``Accept-Encoding: identity`` is sent and a ``Content-Encoding``
+the server applies anyway is not undone, so the bytes read are the stored object's
+bytes (their size and sha256 match the manifest) and a gzip body is gunzipped by
+:func:`decompressing_chunks` like any ``.tar.gz`` shard.
+
+One module per job:
+
+- ``options``: :class:`IOOptions`; ``errors``: the errors raised here;
+- ``urls``: URL strings (protocols, joining, brace patterns); ``listing``: globs;
+- ``filesystems``: fsspec filesystems, per-protocol options, object identity;
+- ``fork``: fork hooks (registered on import); ``retries``: the retry policy;
+- ``readers/``: one reader per protocol (local, memory, HTTP, S3, any other fsspec store);
+- ``reading``: retried range reads; ``read_ahead``: a thread per stream; ``cache``: the local shard cache;
+- ``streams``: :func:`open_chunks`; ``metadata``: size / existence / directory;
+- ``output``: atomic writes.
+"""
+
+from __future__ import annotations
+
+from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_chunks
+
+from . import fork  # noqa: F401 - registers the fork hooks
+from .errors import RemoteWriteError, ShardChangedError, ShardNotFoundError
+from .listing import expand_urls, list_glob
+from .metadata import exists, is_dir, object_size
+from .options import MAX_BACKOFF, IOOptions
+from .output import open_output
+from .read_ahead import readahead
+from .reading import is_compressed, iter_chunks, read_range
+from .streams import open_chunks
+from .urls import is_local, join_url
+
+__all__ = [
+    "GZIP_MAGIC",
+    "IOOptions",
+    "MAX_BACKOFF",
+    "RemoteWriteError",
+    "ShardChangedError",
+    "ShardNotFoundError",
+    "ZSTD_MAGIC",
+    "decompressing_chunks",
+    "exists",
+    "expand_urls",
+    "is_compressed",
+    "is_dir",
+    "is_local",
+    "iter_chunks",
+    "join_url",
+    "list_glob",
+    "object_size",
+    "open_chunks",
+    "open_output",
+    "read_range",
+    "readahead",
+]

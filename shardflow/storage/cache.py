@@ -1,0 +1,217 @@
+"""The local shard cache: whole remote shards downloaded once, shared by threads and
+processes, evicted least recently used first."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from shardflow.errors import RemoteReadError
+
+from .filesystems import filesystem, fresh_info, object_identity
+from .options import IOOptions
+from .reading import retried_chunks
+from .retries import call_with_retries
+
+logger = logging.getLogger(__name__)
+
+
+class ShardCache:
+    """Whole remote shards kept in a local directory, shared by threads and processes.
+
+    Layout: ``<key>-<name>`` data files (key from the URL and the object's identity,
+    so a changed object gets a new entry), ``.tmp-<key>-<size>-<token>`` downloads
+    in progress, ``.locks/<key>`` lock files, ``.lock`` guarding eviction. A reader
+    holds a shared ``flock`` on its entry's lock file, a download an exclusive one;
+    eviction only removes entries whose lock it can take at once, least recently
+    used first (use time is the data file's mtime, touched on every open).
+    """
+
+    def __init__(self, root: str, limit: int) -> None:
+        self.root = root
+        self.limit = limit
+        os.makedirs(os.path.join(root, ".locks"), exist_ok=True)
+
+    @staticmethod
+    def key(url: str, identity: Mapping[str, str]) -> str:
+        text = url + "\n" + "\n".join(f"{k}={v}" for k, v in sorted(identity.items()))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def _data_path(self, key: str, url: str) -> str:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
+        return os.path.join(self.root, f"{key}-{name}")
+
+    @contextlib.contextmanager
+    def entry(self, url: str, options: IOOptions) -> Iterator[str | None]:
+        """Yield the local path of ``url``'s cached copy (downloading it if needed),
+        held in use until exit; ``None`` when it cannot be cached (no size reported,
+        larger than the limit, or no room left beside shards in use)."""
+        import fcntl
+
+        fs, path = filesystem(url, options)
+        info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path))
+        size = info.get("size")
+        if size is None or size > self.limit:
+            yield None
+            return
+        identity = object_identity(info)
+        key = self.key(url, identity)
+        data = self._data_path(key, url)
+        lock_fd = os.open(os.path.join(self.root, ".locks", key), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            for _attempt in range(5):
+                fcntl.flock(lock_fd, fcntl.LOCK_SH)
+                if self._present(data, size):
+                    break
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                if not self._present(data, size) and not self._download(
+                    url, key, data, size, identity, options
+                ):
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                    yield None
+                    return
+                # converting EX -> SH is not atomic; eviction may slip in: check again
+                fcntl.flock(lock_fd, fcntl.LOCK_SH)
+                if self._present(data, size):
+                    break
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            else:
+                yield None
+                return
+            with contextlib.suppress(OSError):  # the use time that LRU eviction sorts by
+                now = time.time_ns()
+                os.utime(data, ns=(now, now))
+            yield data
+        finally:
+            os.close(lock_fd)
+
+    @staticmethod
+    def _present(data: str, size: int) -> bool:
+        try:
+            return os.stat(data).st_size == size
+        except FileNotFoundError:
+            return False
+
+    @contextlib.contextmanager
+    def _global_lock(self) -> Iterator[None]:
+        import fcntl
+
+        fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _download(self, url: str, key: str, data: str, size: int,
+                  identity: Mapping[str, str], options: IOOptions) -> bool:
+        import fcntl
+
+        with self._global_lock():
+            if not self._make_room(size):
+                logger.warning("shard cache %s: no room for %s (%d bytes) within %d bytes "
+                               "beside shards in use; streaming it uncached",
+                               self.root, url, size, self.limit)
+                return False
+            tmp = os.path.join(self.root, f".tmp-{key}-{size}-{secrets.token_hex(6)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # marks the download alive for _make_room
+        try:
+            with os.fdopen(os.dup(fd), "wb") as out:
+                for chunk in retried_chunks(url, 0, None, options, expect=identity):
+                    out.write(chunk)
+                out.flush()
+                written = out.tell()
+            if written != size:
+                raise RemoteReadError(f"caching {url}: got {written} bytes, expected {size}")
+            os.replace(tmp, data)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return True
+
+    def _make_room(self, need: int) -> bool:
+        """Evict unused shards, oldest use first, until ``need`` more bytes fit.
+
+        Called with the global lock held. Downloads in progress count with their
+        final size; those left by dead processes are removed.
+        """
+        import fcntl
+
+        used = 0
+        entries = []
+        with os.scandir(self.root) as it:
+            for e in it:
+                if not e.is_file(follow_symlinks=False) or e.name == ".lock":
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if e.name.startswith(".tmp-"):
+                    if self._try_lock(e.path):  # nobody writes it: a dead download
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(e.path)
+                        continue
+                    parts = e.name.split("-")
+                    used += int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else st.st_size
+                elif not e.name.startswith("."):
+                    used += st.st_size
+                    entries.append((st.st_mtime_ns, e.name, e.path, st.st_size))
+        if used + need <= self.limit:
+            return True
+        for _mtime, name, path, nbytes in sorted(entries):
+            lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # in use
+            try:
+                os.unlink(path)
+                used -= nbytes
+                logger.debug("shard cache %s: evicted %s (%d bytes)", self.root, name, nbytes)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
+            if used + need <= self.limit:
+                return True
+        return False
+
+    @staticmethod
+    def _try_lock(path: str) -> bool:
+        import fcntl
+
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+
+def cached_chunks(url: str, start: int, end: int | None, options: IOOptions,
+                   check_size: Callable[[int], None] | None) -> Iterator[bytes]:
+    """The bytes ``[start, end)`` of ``url`` served from its cached local copy
+    (downloaded first when missing), or streamed when it cannot be cached."""
+    cache = ShardCache(options.cache_dir, options.cache_limit)
+    with cache.entry(url, options) as local:
+        yield from retried_chunks(local if local is not None else url, start, end, options, check_size=check_size)

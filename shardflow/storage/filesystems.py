@@ -1,0 +1,163 @@
+"""fsspec filesystems for URLs: per-protocol storage options, one S3 session per
+process, and the identity of one version of an object."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.registry import known_implementations
+
+from shardflow.errors import missing_dependency
+
+from .options import IOOptions
+from .urls import LOCAL_PROTOCOLS, protocol
+
+# pip extra of shardflow that installs each protocol's filesystem
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+# Keys of ``fs.info()`` that identify one version of an object.
+_VERSION_KEYS = (
+    "size",
+    "ETag",
+    "etag",
+    "VersionId",
+    "version_id",
+    "generation",
+    "LastModified",
+    "last_modified",
+    "Last-Modified",
+    "mtime",
+    "created",
+    "ino",
+    "md5Hash",
+    "Content-MD5",
+    "Digest",
+)
+
+
+def _options_for(proto: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The storage options for one protocol, flat or keyed by protocol."""
+    known = known_implementations
+    nested = {
+        k: v for k, v in storage_options.items() if k in known and isinstance(v, Mapping)
+    }
+    flat = {k: v for k, v in storage_options.items() if k not in nested}
+    if not nested:
+        return flat
+    try:
+        aliases = fsspec.get_filesystem_class(proto).protocol
+    except (ImportError, ValueError):
+        aliases = (proto,)
+    others = [aliases] if isinstance(aliases, str) else aliases
+    names = (proto, *(a for a in others if a != proto))
+    for name in names:
+        if name in nested:
+            return {**flat, **nested[name]}
+    return flat
+
+
+_S3_SESSION: Any = None
+
+
+def shared_s3_session() -> Any:
+    """One aiobotocore session per process for every ``s3://`` filesystem.
+
+    Creating an S3 client parses botocore's endpoint and service models (about
+    0.3 s of CPU); a session keeps them once parsed. DataLoader workers forked
+    from a process that has read from S3 inherit its session with the models
+    parsed, so each new worker (every epoch, without persistent workers) skips
+    that cost. Connections and event loops belong to the clients, which each
+    process creates for itself; the one loop-bound thing a session holds, its
+    resolved credentials (refreshable ones carry an asyncio lock), is dropped in
+    a forked child and resolved again there.
+    """
+    global _S3_SESSION
+    if _S3_SESSION is None:
+        from aiobotocore.session import AioSession
+
+        _S3_SESSION = AioSession()
+    return _S3_SESSION
+
+
+def s3_session_after_fork() -> None:
+    """In a forked child: drop the shared session's credentials (bound to the parent's loop)."""
+    if _S3_SESSION is not None:
+        _S3_SESSION._credentials = None
+
+
+@functools.lru_cache(maxsize=1)
+def _s3fs_arguments() -> frozenset[str]:
+    """The keyword arguments ``S3FileSystem`` takes itself (others go to its session)."""
+    import inspect
+
+    from s3fs import S3FileSystem
+
+    return frozenset(inspect.signature(S3FileSystem.__init__).parameters)
+
+
+def _with_shared_session(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``S3FileSystem`` with the shared session, unless the options
+    name a session, a profile, or anything s3fs would pass to a session of its own."""
+    if "session" in kwargs or "profile" in kwargs or not kwargs.keys() <= _s3fs_arguments():
+        return kwargs
+    return {**kwargs, "session": shared_s3_session()}
+
+
+def filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem of ``url`` and the path in it, built with the storage
+    options for its protocol.
+
+    Raises:
+        ImportError: the protocol's package is missing (the message names the extra).
+    """
+    proto = protocol(url)
+    if proto in LOCAL_PROTOCOLS:
+        kwargs: dict[str, Any] = {}
+    else:
+        kwargs = _options_for(proto, options.storage_options)
+        if proto in ("s3", "s3a"):
+            with contextlib.suppress(ImportError):  # (without s3fs: the install hint below)
+                kwargs = _with_shared_session(kwargs)
+    try:
+        return url_to_fs(url, **kwargs)
+    except ImportError as exc:
+        if proto in _EXTRAS:
+            raise missing_dependency(exc.name or proto, _EXTRAS[proto],
+                                     f"reading {proto}:// URLs") from exc
+        raise
+
+
+def is_http(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is fsspec's HTTP filesystem."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "http" in protocols or "https" in protocols
+
+
+def is_memory(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is fsspec's ``memory://`` filesystem (a dict of objects)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "memory" in protocols and isinstance(getattr(fs, "store", None), dict)
+
+
+def object_identity(info: Mapping[str, Any]) -> dict[str, str]:
+    """The fields of an ``fs.info()`` result that identify one version of an object."""
+    return {k: str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None}
+
+
+def identity_difference(old: Mapping[str, str], new: Mapping[str, str]) -> str | None:
+    """Describe how ``new`` differs from ``old`` on the keys both report, or None."""
+    for key in old.keys() & new.keys():
+        if old[key] != new[key]:
+            return f"{key} was {old[key]}, now {new[key]}"
+    return None
+
+
+def fresh_info(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
+    """``fs.info(path)`` after dropping fsspec's cached listing, so a changed object is seen."""
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)
+    return fs.info(path)

@@ -1,0 +1,72 @@
+"""How shards are read and written: one frozen :class:`IOOptions` for every entry point."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF"]
+
+MAX_BACKOFF = 10.0
+"""Seconds; the retry delay doubles from ``IOOptions.backoff`` up to this."""
+
+
+@dataclass(frozen=True)
+class IOOptions:
+    """How shards are read and written.
+
+    Args:
+        storage_options: keyword arguments for the fsspec filesystem (for s3fs:
+            ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
+            When sources mix protocols, key them by protocol instead:
+            ``{"s3": {...}, "https": {...}}``. Ignored for local paths.
+        retries: reopen attempts after a transient read failure before giving up;
+            the count restarts whenever a read makes progress. 0 disables retries.
+        backoff: seconds before the first retry; doubled at each further retry of
+            the same failure, capped at :data:`MAX_BACKOFF`.
+        block_size: bytes per read, and so the size of the chunks yielded.
+        readahead: chunks buffered ahead by a background thread (0 = none).
+        cache_dir: local directory caching whole remote shards, or ``None``.
+        cache_limit: bytes; the cache evicts least recently used shards to stay
+            below it. A shard larger than the limit is streamed uncached.
+    """
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    retries: int = 5
+    backoff: float = 0.2
+    block_size: int = 4 << 20
+    readahead: int = 2
+    cache_dir: str | None = None
+    cache_limit: int = 32 << 30
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.storage_options, Mapping):
+            raise TypeError(
+                f"storage_options must be a mapping, got {type(self.storage_options).__name__}"
+            )
+        # a plain dict copy: picklable for DataLoader workers, not aliased by the caller
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        for name, low in (("retries", 0), ("block_size", 1), ("readahead", 0), ("cache_limit", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        backoff = self.backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
+            raise TypeError(f"backoff must be a number of seconds, got {backoff!r}")
+        if not math.isfinite(backoff) or backoff < 0:
+            raise ValueError(f"backoff must be a finite number of seconds >= 0, got {backoff}")
+        if self.cache_dir is not None:
+            cache_dir = os.fspath(self.cache_dir)
+            if not isinstance(cache_dir, str) or not cache_dir:
+                raise ValueError(
+                    f"cache_dir must be a non-empty local path, got {self.cache_dir!r}"
+                )
+            object.__setattr__(self, "cache_dir", cache_dir)
+
+
+DEFAULT_OPTIONS = IOOptions()

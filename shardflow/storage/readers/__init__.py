@@ -1,0 +1,43 @@
+"""One reader per protocol, chosen by :func:`open_reader`.
+
+A reader is opened at a byte offset and has ``read(n) -> bytes`` (``b""`` at the end),
+``close()``, ``identity`` (the keys naming one version of the object) and ``size``
+(bytes, or ``None`` when the store does not say)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fsspec.implementations.local import LocalFileSystem
+
+from ..filesystems import fresh_info, is_http, is_memory
+from ..options import IOOptions
+from .generic import FileReader
+from .http import HTTPReader
+from .local import LocalReader
+from .memory import MemoryReader
+from .s3 import S3Reader, is_s3
+
+__all__ = ["FileReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader"]
+
+
+def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
+                 expect: Mapping[str, str] | None = None):
+    """Open the reader of ``fs``'s protocol at byte ``offset`` of ``path``.
+
+    Args:
+        end: byte after the last one wanted, or None (to the end).
+        expect: the identity seen at a first open, for a reopen (S3 sends ``If-Match``).
+    """
+    if isinstance(fs, LocalFileSystem):
+        return LocalReader(path, offset)
+    if is_memory(fs):
+        return MemoryReader(fs, path, offset)
+    if is_http(fs):
+        info = fresh_info(fs, path)
+        size = info.get("size")
+        stop = end if size is None else (size if end is None else min(end, size))
+        return HTTPReader(fs, url, offset, stop, info)
+    if is_s3(fs):
+        return S3Reader(fs, path, url, offset, end, expect)
+    return FileReader(fs, path, offset, options.block_size)

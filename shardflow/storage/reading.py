@@ -1,0 +1,191 @@
+"""Retried reads: a byte range streamed in chunks (reopened at the offset reached
+after a transient failure) and one ranged read."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from shardflow.errors import ShardflowError
+from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
+
+from .errors import ShardChangedError, ShortReadError
+from .filesystems import filesystem, fresh_info, identity_difference, is_http, is_memory
+from .options import DEFAULT_OPTIONS, IOOptions
+from .readers import open_reader
+from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay
+from .urls import is_local, local_path
+
+logger = logging.getLogger(__name__)
+
+
+def check_range(start: int, end: int | None) -> None:
+    """Check a byte range ``[start, end)`` given by a caller.
+
+    Raises:
+        ValueError: ``start`` is not an int >= 0 or ``end`` is neither None nor an int >= start.
+    """
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
+    if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
+        raise ValueError(f"end must be None or an int >= start ({start}), got {end!r}")
+
+
+def iter_chunks(url: str, start: int = 0, end: int | None = None,
+                options: IOOptions = DEFAULT_OPTIONS) -> Iterator[bytes]:
+    """Stream the bytes ``[start, end)`` of an object in chunks of ``options.block_size``.
+
+    Args:
+        url: a local path or any fsspec URL (``file://``, ``memory://``, ``s3://``,
+            ``gs://``, ``http(s)://``).
+        start: first byte, >= 0.
+        end: byte after the last one; ``None`` reads to the end. An end beyond the
+            object's size is clamped to it, as in slicing.
+        options: retries, backoff, block size and storage options.
+
+    Yields:
+        Non-empty ``bytes`` chunks of at most ``options.block_size`` bytes whose
+        concatenation is exactly the requested bytes, even when reads failed and
+        were retried by reopening the object at the offset reached.
+
+    Raises:
+        ShardNotFoundError: the object does not exist.
+        ShardChangedError: the object's size, ETag, mtime or version changed
+            between two opens.
+        RemoteReadError: a non-transient failure, or retries exhausted; the message
+            names the URL and the byte offset reached.
+
+    Nothing is opened before the first ``next()``; the file handle or connection is
+    released when the generator finishes, is closed, or is garbage collected.
+    """
+    check_range(start, end)
+    return retried_chunks(os.fspath(url), start, end, options)
+
+
+def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
+            expect: Mapping[str, str] | None = None,
+            check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """The chunk stream behind :func:`iter_chunks` (arguments checked by the caller).
+
+    Args:
+        expect: the object's identity from an earlier open; a different one raises
+            :class:`ShardChangedError`.
+        check_size: called with the object's size at the first open.
+    """
+    fs, path = filesystem(url, options)
+    offset = start
+    stop = end
+    identity = dict(expect) if expect is not None else None
+    reader = None
+    failures = 0
+    try:
+        while stop is None or offset < stop:
+            try:
+                if reader is None:
+                    reader = open_reader(fs, path, url, offset, stop, options, identity)
+                    if identity is None:
+                        identity = reader.identity
+                        if check_size is not None and reader.size is not None:
+                            check_size(reader.size)
+                    else:
+                        change = identity_difference(identity, reader.identity)
+                        if change is not None:
+                            raise ShardChangedError(
+                                f"{url} changed while being read, at byte {offset} ({change})"
+                            )
+                    if reader.size is not None:
+                        stop = reader.size if stop is None else min(stop, reader.size)
+                        if offset >= stop:
+                            return
+                want = options.block_size
+                if stop is not None:
+                    want = min(want, stop - offset)
+                chunk = reader.read(want)
+                if not chunk:
+                    if stop is None:
+                        return
+                    raise ShortReadError(f"stream ended at byte {offset}, expected {stop} bytes")
+                if len(chunk) > want:
+                    chunk = chunk[:want]
+            except ShardflowError:
+                raise
+            except Exception as exc:
+                if not is_transient(exc):
+                    if not is_io_error(exc):
+                        raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
+                    if isinstance(exc, FileNotFoundError) and identity is not None:
+                        raise ShardChangedError(
+                            f"{url} changed while being read: it disappeared at byte {offset}"
+                        ) from exc
+                    raise read_error(url, offset, exc, 0) from exc
+                failures += 1
+                if failures > options.retries:
+                    raise read_error(url, offset, exc, failures) from exc
+                if reader is not None:
+                    with contextlib.suppress(Exception):
+                        reader.close()
+                    reader = None
+                wait = retry_delay(options, failures)
+                logger.warning("reading %s failed at byte %d (%s: %s); reopening, retry %d/%d "
+                               "in %.2fs", url, offset, type(exc).__name__, exc, failures,
+                               options.retries, wait)
+                time.sleep(wait)
+                continue
+            failures = 0
+            offset += len(chunk)
+            yield chunk
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTIONS) -> bytes:
+    """Read the bytes ``[start, end)`` of an object (random access), with retries.
+
+    An ``end`` beyond the object's size is clamped to it. Raises as :func:`iter_chunks`.
+    """
+    if end is None:
+        raise ValueError("read_range needs an end offset; use iter_chunks to read to the end")
+    check_range(start, end)
+    url = os.fspath(url)
+    if start == end:
+        return b""
+    if is_local(url):
+        path = local_path(url)
+
+        def read_local() -> bytes:
+            with open(path, "rb", buffering=0) as f:
+                f.seek(start)
+                parts, want = [], end - start
+                while want:
+                    part = f.read(want)
+                    if not part:
+                        break
+                    parts.append(part)
+                    want -= len(part)
+                return b"".join(parts)
+
+        return call_with_retries(url, start, options, read_local)
+    fs, path = filesystem(url, options)
+    if is_http(fs) or is_memory(fs):
+        return b"".join(retried_chunks(url, start, end, options))
+
+    def read_remote() -> bytes:
+        try:
+            return fs.cat_file(path, start=start, end=end)
+        except OSError as exc:  # S3 and friends answer 416 for a start past the end
+            if "range" in str(exc).lower() and start >= fresh_info(fs, path)["size"]:
+                return b""
+            raise
+
+    data = call_with_retries(url, start, options, read_remote)
+    return data[: end - start]
+
+
+def is_compressed(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
+    """Whether an object starts with the gzip or zstd magic bytes."""
+    magic = read_range(url, 0, 4, options)
+    return magic.startswith(GZIP_MAGIC) or magic.startswith(ZSTD_MAGIC)

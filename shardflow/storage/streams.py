@@ -1,0 +1,47 @@
+"""The byte stream the tar reader consumes: cache, then retried reads, then read-ahead."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from .cache import cached_chunks
+from .options import DEFAULT_OPTIONS, IOOptions
+from .read_ahead import readahead
+from .reading import check_range, retried_chunks
+from .urls import is_local
+
+__all__ = ["open_chunks"]
+
+
+def open_chunks(url: str, start: int = 0, end: int | None = None,
+                options: IOOptions = DEFAULT_OPTIONS, *,
+                check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """The byte stream the tar reader consumes: cache, then retried reads, then read-ahead.
+
+    With ``options.cache_dir`` set and a remote ``url``, the whole object is first
+    downloaded once into the cache (atomically; concurrent threads and processes
+    share one download), then ``[start, end)`` is served from the local copy. The
+    read-ahead thread (``options.readahead`` chunks) starts at once, so a shard
+    opened early is fetched while the previous one is consumed.
+
+    Args:
+        check_size: called with the object's size in bytes when it is first
+            opened (no extra request: the open reports it); raise from it to
+            refuse the object, e.g. a shard that changed since it was indexed.
+
+    Returns:
+        An iterator of ``bytes`` chunks as :func:`iter_chunks`; close it to release
+        its thread, handles and cache entry early.
+    """
+    check_range(start, end)
+    url = os.fspath(url)
+    if is_local(url):
+        # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
+        # (measured: ~20% of raw iteration time spent waiting on its queue).
+        return retried_chunks(url, start, end, options, check_size=check_size)
+    if options.cache_dir is not None:
+        source = cached_chunks(url, start, end, options, check_size)
+    else:
+        source = retried_chunks(url, start, end, options, check_size=check_size)
+    return readahead(source, options.readahead)
