@@ -21,6 +21,8 @@ from zlib import adler32 as _adler
 
 from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .keys import split_name
+from .headers import EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_size, member_error, parse_number, parse_pax
+from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "BLOCK",
@@ -35,45 +37,7 @@ __all__ = [
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZERO_BLOCK = b"\0" * BLOCK
-_REGULAR = (b"0", b"\0", b"7")  # regular file, old-style regular, contiguous file
-_SKIP_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, dirs, fifos: no sample
-
-
-def _octal(field: bytes, url: str, offset: int, what: str) -> int:
-    """Parse a numeric header field: NUL/space padded octal, or GNU base-256."""
-    if field and field[0] & 0x80:  # GNU base-256 (sizes >= 8 GiB)
-        value = int.from_bytes(field[1:], "big")
-        if field[0] & 0x40:
-            value -= 1 << (8 * (len(field) - 1))
-        return value
-    text = field.split(b"\0", 1)[0].strip()
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise ShardFormatError(f"{url}: header at byte {offset} has a non-octal {what} field {field!r}") from None
-
-
-def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
-    """Parse PAX extended header records ``"<len> <key>=<value>\\n"``."""
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        if data[pos] == 0:
-            break
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            raise ShardFormatError(f"{url}: malformed PAX header at byte {offset}") from None
-        record = data[space + 1 : pos + length - 1]
-        key, sep, value = record.partition(b"=")
-        if not sep or length <= 0:
-            raise ShardFormatError(f"{url}: malformed PAX record at byte {offset}")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
+_BIG = 1 << 20  # members at least this large are read into one growing bytearray, never joined
 
 
 def _refill(it: Iterator[bytes], buf: bytes, pos: int, base: int, need: int) -> tuple[bytes, int, bool]:
@@ -95,10 +59,48 @@ def _refill(it: Iterator[bytes], buf: bytes, pos: int, base: int, need: int) -> 
     return (parts[0] if len(parts) == 1 else b"".join(parts)), base, True
 
 
+def _take(
+    it: Iterator[bytes], buf: bytes, pos: int, size: int, padded: int, keep: bool
+) -> tuple[bytearray | None, bytes, int, bool]:
+    """Consume ``padded`` bytes from ``buf[pos:]`` and the chunks after it.
+
+    With ``keep``, the first ``size`` of them are collected into one bytearray
+    that grows as chunks arrive (so memory follows the bytes that really come,
+    not the size a header declares, and the member is never held twice);
+    without, they are dropped as they pass.
+
+    Returns:
+        ``(data, rest, consumed, ok)``: the member's bytes (or None), the bytes
+        of the last chunk after the padding, how many bytes were consumed
+        (``padded`` unless the stream ended first), and whether it did not.
+    """
+    data = bytearray(buf[pos : pos + size]) if keep else None
+    got = min(len(buf) - pos, padded)
+    rest = buf[pos + got :]
+    while got < padded:
+        chunk = next(it, None)
+        if chunk is None:
+            return data, b"", got, False
+        n = len(chunk)
+        if keep and got < size:
+            data += memoryview(chunk)[: size - got]
+        if got + n > padded:
+            rest = chunk[padded - got :]
+            n = padded - got
+        got += n
+    return data, rest, got, True
+
+
 def iter_members(
-    chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None
-) -> Generator[tuple[str, int, bytes], None, int]:
+    chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None, limits: Limits = DEFAULT_LIMITS
+) -> Generator[tuple[str, int, bytes | bytearray | SampleError], None, int]:
     """Yield the regular-file members of a tar stream.
+
+    Every header field is validated before it is used: the checksum, a size
+    that must be octal digits or a non-negative base-256 number, the type flag
+    (regular files, links, devices, directories, fifos, GNU long names and PAX
+    records are understood; anything else, sparse files included, is not), and
+    the sizes against ``limits``.
 
     Args:
         chunks: the tar's bytes from offset ``start`` on, in chunks of any size.
@@ -106,11 +108,17 @@ def iter_members(
         start: absolute byte offset of the first chunk's first byte (a header).
         end: absolute offset at which to stop (a header boundary), or None for
             the end-of-archive marker or end of stream.
+        limits: the largest member and extended header read (see :class:`Limits`).
 
     Yields:
         ``(name, header_offset, data)``: the member path (PAX/GNU long names
         applied), the absolute offset of its first header block (the long-name
-        headers included) and its bytes.
+        headers included) and its bytes: ``bytes``, or for members of 1 MiB and
+        more a ``bytearray`` filled in place (never joined, so never held twice).
+        A member that cannot be read (sparse, a type not understood, larger
+        than ``limits.max_member_bytes``) is yielded with a :class:`SampleError`
+        as its data, before its bytes are skipped unread, so the caller decides
+        whether that fails the shard or only its sample.
 
     Returns:
         (as the generator's return value) the offset where reading stopped: the
@@ -119,7 +127,8 @@ def iter_members(
     Raises:
         TruncatedShardError: the stream ends inside a header or member data, or
             is empty (0 bytes) when read from offset 0.
-        ShardFormatError: a header checksum or field is invalid.
+        ShardFormatError: a header checksum or field is invalid, an extended
+            header is over ``limits.max_header_bytes``, or a member runs past ``end``.
     """
     it = iter(chunks)
     buf = b""
@@ -160,66 +169,94 @@ def iter_members(
         # adler32's first half seeded with 0 is that sum mod 65521, and exact for
         # 256 bytes (at most 65,280), 4x faster than sum() over the block
         computed = _adler(header[:256], 0) % 65536 + _adler(header[256:], 0) % 65536 - sum(chk) + 256
-        try:
-            stored = int(chk.strip(b" \0") or b"0", 8)
-        except ValueError:
-            stored = _octal(chk, url, offset, "checksum")
+        stored = parse_number(chk, url, offset, "checksum")
         if stored != computed and stored != _signed_checksum(header):
             raise ShardFormatError(
                 f"{url}: bad tar header checksum at byte {offset} (stored {stored}, computed {computed}); "
                 "the shard is corrupt or not a tar archive"
             )
-        size_field = header[124:136]
-        if size_field[0] < 0x80:
-            try:
-                size = int(size_field.strip(b" \0") or b"0", 8)
-            except ValueError:
-                size = _octal(size_field, url, offset, "size")
-        else:
-            size = _octal(size_field, url, offset, "size")
+        size = parse_number(header[124:136], url, offset, "size")
         typeflag = header[156:157]
         padded = (size + BLOCK - 1) & ~(BLOCK - 1)
+        if stop >= 0 and offset + BLOCK + padded > stop:
+            raise ShardFormatError(
+                f"{url}: member at byte {offset} ({size} bytes) runs past byte {stop}, where the offset index "
+                "says the next sample starts: the index does not match the shard (re-run `shardflow index`)",
+                reason="stale_index",
+            )
+        if typeflag in REGULAR or typeflag not in KNOWN:
+            name = _member_name(header, long_name, pax, global_pax, url, offset)
+            bad = member_error(typeflag, pax, name, url, offset, size, limits)
+        else:
+            name, bad = "", None
+            check_extended_size(size, typeflag, url, offset, _header_name(header, long_name, pax), limits)
         pos += BLOCK
         if first_offset is None:
             first_offset = offset
-        if len(buf) - pos < padded:
+        if bad is not None:  # before its bytes are skipped: a caller that raises need not wait for them
+            yield name, first_offset, bad
+        keep = bad is None and typeflag not in SKIP_DATA
+        if len(buf) - pos >= padded:
+            data: bytes | bytearray | None = buf[pos : pos + size] if keep else None
+            pos += padded
+        elif keep and size < _BIG:
             buf, base, ok = _refill(it, buf, pos, base, padded)
             pos = 0
             if not ok:
-                raise TruncatedShardError(
-                    f"{url}: truncated inside member {_header_name(header, long_name, pax)!r} "
-                    f"(header at byte {offset}, {size} bytes expected)"
-                )
-        data = buf[pos : pos + size]
-        pos += padded
-        if typeflag in _REGULAR:
-            if pax:
-                if "size" in pax:
-                    raise ShardFormatError(f"{url}: PAX size override at byte {offset} is not supported")
-                name = pax.get("path") or long_name or _ustar_name(header)
-            elif long_name is not None:
-                name = long_name
-            elif global_pax:
-                name = global_pax.get("path") or _ustar_name(header)
-            elif header[345] == 0:
-                name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            else:
-                name = _ustar_name(header)
+                raise _truncated(url, header, long_name, pax, offset, size)
+            data = buf[:size]
+            pos = padded
+        else:
+            base += pos
+            data, buf, got, ok = _take(it, buf, pos, size, padded, keep)
+            if not ok:
+                raise _truncated(url, header, long_name, pax, offset, size)
+            base += got
+            pos = 0
+        if bad is not None:
+            pass
+        elif typeflag in REGULAR:
             yield name, first_offset, data
         elif typeflag == b"L":
-            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            long_name = bytes(data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         elif typeflag == b"x":
-            pax = _pax_records(data, url, offset)
+            pax = parse_pax(data, url, offset)
             continue
         elif typeflag == b"g":
-            global_pax = _pax_records(data, url, offset)
+            global_pax = parse_pax(data, url, offset)
+            if any(k.startswith("GNU.sparse.") for k in global_pax):
+                raise ShardFormatError(f"{url}: global PAX header at byte {offset} declares sparse files, "
+                                       "which shardflow does not read", reason="unsupported_member")
         elif typeflag == b"K":
             continue  # GNU long link name: applies to the next header, not a sample
-        # directories, links, devices, fifos and vendor types are not samples
+        # directories, links, devices and fifos are not samples
         long_name = None
         pax = {}
         first_offset = None
+
+
+def _member_name(
+    header: bytes, long_name: str | None, pax: dict[str, str], global_pax: dict[str, str], url: str, offset: int
+) -> str:
+    if pax:
+        if "size" in pax:
+            raise ShardFormatError(f"{url}: PAX size override at byte {offset} is not supported")
+        return pax.get("path") or long_name or _ustar_name(header)
+    if long_name is not None:
+        return long_name
+    if global_pax:
+        return global_pax.get("path") or _ustar_name(header)
+    if header[345] == 0:
+        return header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    return _ustar_name(header)
+
+
+def _truncated(url: str, header: bytes, long_name: str | None, pax: dict[str, str], offset: int, size: int) -> TruncatedShardError:
+    return TruncatedShardError(
+        f"{url}: truncated inside member {_header_name(header, long_name, pax)!r} "
+        f"(header at byte {offset}, {size} bytes expected)"
+    )
 
 
 def _signed_checksum(header: bytes) -> int:
@@ -248,6 +285,7 @@ def iter_samples(
     end: int | None = None,
     limit: int | None = None,
     sample_errors: str = "raise",
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
     """Group a tar stream's members into samples.
 
@@ -260,6 +298,7 @@ def iter_samples(
         sample_errors: ``"raise"`` raises sample-level errors (below);
             ``"yield"`` yields ``(key, offset, SampleError)`` for the bad sample
             instead and goes on with the next one.
+        limits: the largest member and extended header read (see :class:`Limits`).
 
     Yields:
         ``(key, offset, fields)``: the key, the absolute offset of the sample's
@@ -270,21 +309,26 @@ def iter_samples(
 
     Raises:
         SampleError: a key reappears after its sample was closed (members of a
-            sample are not adjacent), or a field repeats within a sample.
+            sample are not adjacent), a field repeats within a sample, or a
+            member cannot be read (``reason`` ``unsupported_member`` for sparse
+            files and types not understood, ``member_too_large`` over
+            ``limits.max_member_bytes``).
         TruncatedShardError, ShardFormatError: see :func:`iter_members`.
     """
     if limit is not None and limit <= 0:
         return
     closed: set[str] = set()
     key: str | None = None
-    fields: dict[str, bytes] = {}
+    fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
     sample_offset = start
     count = 0
-    for name, offset, data in iter_members(chunks, url, start, end=end):
+    for name, offset, data in iter_members(chunks, url, start, end=end, limits=limits):
         # key/field split as in split_name(), inlined: this loop runs once per member
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
         if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
+            if isinstance(data, SampleError) and sample_errors == "raise":
+                raise data  # not a sample's member, but not one shardflow understands either
             continue
         k = name[:dot]
         field = name[dot + 1 :]
@@ -292,10 +336,11 @@ def iter_samples(
             field = field.lower()
         if k != key:
             if key is not None:
-                yield key, sample_offset, fields
-                count += 1
-                if limit is not None and count >= limit:
-                    return
+                if fields is not None:
+                    yield key, sample_offset, fields
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
                 closed.add(key)
             key, fields, sample_offset = k, {}, offset
             if k in closed:
@@ -308,7 +353,18 @@ def iter_samples(
                 if sample_errors == "raise":
                     raise bad
                 fields = bad
-        if isinstance(fields, SampleError):
+        if fields is None or isinstance(fields, SampleError):
+            continue
+        if isinstance(data, SampleError):
+            if sample_errors == "raise":
+                raise data
+            # reported at once, before the member's bytes are skipped (and before a cut in them
+            # is found); the sample's other members are then dropped as they come
+            yield k, sample_offset, data
+            count += 1
+            if limit is not None and count >= limit:
+                return
+            fields = None
             continue
         if field in fields:
             bad = SampleError(
@@ -320,12 +376,19 @@ def iter_samples(
             fields = bad
             continue
         fields[field] = data
-    if key is not None:
+    if key is not None and fields is not None:
         yield key, sample_offset, fields
 
 
-def scan_shard(chunks: Iterable[bytes], url: str) -> tuple[list[str], list[int], dict[str, int]]:
+def scan_shard(
+    chunks: Iterable[bytes], url: str, *, limits: Limits = DEFAULT_LIMITS
+) -> tuple[list[str], list[int], dict[str, int]]:
     """Scan a whole shard for its offset index.
+
+    Args:
+        chunks: the shard's (decompressed) bytes from offset 0 on.
+        url: named in errors.
+        limits: see :func:`iter_members`.
 
     Returns:
         ``(keys, offsets, fields)``: sample keys in order; ``len(keys) + 1``
@@ -334,7 +397,8 @@ def scan_shard(chunks: Iterable[bytes], url: str) -> tuple[list[str], list[int],
         how many samples carry each field.
 
     Raises:
-        SampleError: members of a sample are not adjacent, or a field repeats.
+        SampleError: members of a sample are not adjacent, a field repeats, or
+            a member cannot be read (see :func:`iter_samples`).
         TruncatedShardError, ShardFormatError: see :func:`iter_members`.
     """
     keys: list[str] = []
@@ -342,13 +406,15 @@ def scan_shard(chunks: Iterable[bytes], url: str) -> tuple[list[str], list[int],
     fields: dict[str, int] = {}
     seen: set[str] = set()
     current: set[str] = set()
-    gen = iter_members(chunks, url, 0)
+    gen = iter_members(chunks, url, 0, limits=limits)
     while True:
         try:
-            name, offset, _ = next(gen)
+            name, offset, data = next(gen)
         except StopIteration as stop:
             offsets.append(stop.value)
             return keys, offsets, fields
+        if isinstance(data, SampleError):
+            raise data
         split = split_name(name)
         if split is None:
             continue

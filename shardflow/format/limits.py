@@ -1,0 +1,62 @@
+"""Limits on what untrusted shard bytes may declare.
+
+Every size, count and offset that shardflow reads from a shard, an offset
+index or a manifest is checked before it is used; where a value could be
+legitimate but costly (a member's size, a graph's node count), the bound is
+one of these options, and the error it raises names the option so the user
+can raise it. ``docs/security.md`` lists them with their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Limits", "DEFAULT_LIMITS"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on sizes declared by shard, index and manifest bytes.
+
+    Args:
+        max_member_bytes: the largest tar member (after decompression) that is
+            read, in bytes; default 1 GiB. A larger member is an error that
+            names this option (under ``on_error="skip"``: its sample is
+            dropped and counted as ``member_too_large``), and its bytes are
+            skipped without being held in memory.
+        max_header_bytes: the largest GNU long name or PAX extended header, in
+            bytes; default 1 MiB.
+        min_sample_bytes: the fewest bytes one sample takes in an uncompressed
+            shard: a manifest that declares more than ``bytes // min_sample_bytes``
+            samples for a shard is refused before anything is allocated for it.
+            Default 512 (one tar header block: a sample cannot take less).
+        max_compression_ratio: for a compressed shard (``.tar.gz``/``.tar.zst``)
+            the declared samples may be at most ``bytes * max_compression_ratio
+            // min_sample_bytes``; default 1000.
+        max_graph_nodes: the most nodes a ``.pyg`` graph may declare or imply
+            (through ``num_nodes`` or the largest id in ``edge_index``);
+            default 2**27 (134 million).
+        max_graph_edges: the most edges (columns of ``edge_index``) a ``.pyg``
+            graph may hold; default 2**29 (537 million).
+
+    Raises:
+        TypeError, ValueError: a limit is not a positive int.
+    """
+
+    max_member_bytes: int = 1 << 30
+    max_header_bytes: int = 1 << 20
+    min_sample_bytes: int = 512
+    max_compression_ratio: int = 1000
+    max_graph_nodes: int = 1 << 27
+    max_graph_edges: int = 1 << 29
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Limits.{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {value}")
+
+
+DEFAULT_LIMITS = Limits()

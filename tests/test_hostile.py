@@ -1,0 +1,342 @@
+"""Hostile and broken shards: never a hang, memory bounded by what is real, every loss named or counted.
+
+Each case is a shard built byte by byte the way an attacker (or an unlucky disk) would, read by every
+reader. A case asserts the error named, or the exact samples and counts under ``on_error="skip"``;
+memory cases measure the peak RSS of a fresh subprocess (``ru_maxrss`` after imports subtracted) and
+state their bound next to the assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+
+from shardflow import IndexedShardDataset, ShardDataset
+from shardflow.errors import SampleError, ShardflowError, ShardFormatError
+from shardflow.format.limits import Limits
+from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
+from shardflow.indexing import index_shards
+from shardflow.inspect import verify
+
+from .helpers import make_shards, sample_key
+
+MiB = 1 << 20
+GiB = 1 << 30
+pytestmark = pytest.mark.timeout(60)
+
+
+# ------------------------------------------------------------------ building hostile bytes
+
+
+def header(name: bytes, size_field: bytes, typeflag: bytes = b"0") -> bytes:
+    """A ustar header with any size field and type flag, and a correct checksum."""
+    h = bytearray(512)
+    h[: len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = size_field
+    h[136:148] = b"00000000000\0"
+    h[148:156] = b"        "
+    h[156:157] = typeflag
+    h[257:263] = b"ustar\0"
+    h[263:265] = b"00"
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def base256(value: int) -> bytes:
+    """A 12-byte GNU base-256 size field (two's complement for negative values)."""
+    return bytes([0xFF if value < 0 else 0x80]) + (value % (1 << 88)).to_bytes(11, "big")
+
+
+def samples(keys: range) -> bytes:
+    return b"".join(encode_sample(sample_key(i), {"txt": f"sample {i}".encode(), "cls": str(i).encode()}) for i in keys)
+
+
+def six_with(bad: bytes) -> bytes:
+    """Samples 0-2, then ``bad`` (header and data of sample 3), then samples 4-5."""
+    return samples(range(3)) + bad + samples(range(4, 6)) + END_OF_ARCHIVE
+
+
+NEGATIVE = header(b"000003.txt", base256(-512)) + b"x" * 512  # the 3.5 KB shard that used to hang every reader
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def keys(ds) -> list[str]:
+    return [s["__key__"] for s in ds]
+
+
+# ------------------------------------------------------------------ size fields
+
+
+@pytest.mark.parametrize(
+    "field, said",
+    [
+        (base256(-512), "negative base-256 size field (-512)"),
+        (base256(-1), "negative base-256 size field (-1)"),
+        (b"-0000001000\0", "non-octal size field"),
+        (b"0000008000\0\0", "non-octal size field"),
+        (b"00_00001000\0", "non-octal size field"),
+        (b"+0000001000\0", "non-octal size field"),
+    ],
+)
+def test_bad_size_field_is_named(tmp_path: Path, field: bytes, said: str) -> None:
+    url = write(tmp_path, "bad.tar", six_with(header(b"000003.txt", field) + b"x" * 512))
+    with pytest.raises(ShardFormatError, match=r"bad\.tar: header at byte 6144 has a " + re.escape(said)):
+        list(iter_samples([Path(url).read_bytes()], url))
+
+
+@pytest.mark.parametrize(
+    "field, declared",
+    [(b"77777777777\0", 8 * GiB - 1), (base256(1 << 80), 1 << 80), (base256(GiB + 1), GiB + 1)],
+)
+def test_huge_size_names_the_limit_and_skip_keeps_the_samples_before(tmp_path: Path, field: bytes, declared: int) -> None:
+    # a small file whose member header declares more than the limit: raise names the limit at once
+    url = write(tmp_path, "huge.tar", samples(range(3)) + header(b"000003.txt", field) + b"x" * 512)
+    with pytest.raises(SampleError, match=rf"member '000003.txt' at byte 6144 declares {declared} bytes, over the "
+                       rf"limit of {GiB} bytes \(Limits.max_member_bytes"):
+        keys(ShardDataset(url, decode=None))
+    # skip: the member's bytes are skipped unread, the file then ends inside them: that is counted too
+    ds = ShardDataset(url, decode=None, on_error="skip")
+    assert keys(ds) == ["000000", "000001", "000002"]
+    assert ds.stats["samples"] == 3
+    assert ds.stats["truncated_shard"] == 1
+
+
+def test_member_over_a_lowered_limit_is_skipped_exactly(tmp_path: Path) -> None:
+    big = encode_sample("000003", {"bin": b"\1" * 5000})
+    data = six_with(big)
+    url = write(tmp_path, "six.tar", data)
+    got = list(iter_samples([data], url, limits=Limits(max_member_bytes=4096), sample_errors="yield"))
+    assert [(k, type(f).__name__) for k, _, f in got] == [
+        ("000000", "dict"), ("000001", "dict"), ("000002", "dict"), ("000003", "SampleError"),
+        ("000004", "dict"), ("000005", "dict")]
+    assert got[3][2].reason == "member_too_large"
+    assert "5000 bytes, over the limit of 4096 bytes (Limits.max_member_bytes" in str(got[3][2])
+    assert got[4][2] == {"cls": b"4", "txt": b"sample 4"}
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="max_member_bytes must be >= 1"):
+        Limits(max_member_bytes=0)
+    with pytest.raises(TypeError, match="max_graph_nodes must be an int"):
+        Limits(max_graph_nodes=1.5)
+
+
+# ------------------------------------------------------------------ every reader on the negative size
+
+
+@pytest.fixture
+def negative_dataset(tmp_path: Path) -> Path:
+    """A 6-sample shard with manifest and index, whose sample 3 header has a negative base-256 size."""
+    folder = make_shards(tmp_path, [6])
+    shard = folder / "train-000000.tar"
+    data = bytearray(shard.read_bytes())
+    offsets = [off for _, off, _ in _members(bytes(data))]
+    at = offsets[3]  # sample 3's only member
+    name = bytes(data[at : at + 100]).split(b"\0")[0]
+    data[at : at + 512] = header(name, base256(-512))
+    shard.write_bytes(bytes(data))
+    return folder
+
+
+def _members(data: bytes):
+    from shardflow.format.tar import iter_members
+
+    return list(iter_members([data], "x.tar"))
+
+
+@pytest.mark.timeout(20)
+def test_negative_size_raises_in_every_reader(negative_dataset: Path) -> None:
+    url = str(negative_dataset / "train-000000.tar")
+    with pytest.raises(ShardFormatError, match="negative base-256 size field"):
+        keys(ShardDataset(negative_dataset, decode=None))
+    with pytest.raises(ShardFormatError, match="negative base-256 size field"):
+        keys(ShardDataset(url, decode=None))
+    with pytest.raises(ShardflowError, match="negative base-256 size field"):
+        IndexedShardDataset(negative_dataset, decode=None)[3]
+    assert IndexedShardDataset(negative_dataset, decode=None)[4]["__key__"] == "000004"
+    with pytest.raises(ShardFormatError, match="negative base-256 size field"):
+        index_shards([url], out=str(negative_dataset.parent / "reindexed"))
+    report = verify(negative_dataset, workers=1)
+    assert any(p.reason == "bad_shard" and "negative base-256 size field" in p.message for p in report), report
+
+
+@pytest.mark.timeout(20)
+def test_negative_size_under_skip_terminates_and_counts(tmp_path: Path) -> None:
+    url = write(tmp_path, "neg.tar", six_with(NEGATIVE))
+    ds = ShardDataset(url, decode=None, on_error="skip")
+    got = keys(ds)
+    assert got == ["000000", "000001"]  # sample 2 may still miss members: only a later step can tell
+    assert ds.stats["bad_shard"] == 1
+
+
+# ------------------------------------------------------------------ member types
+
+
+def sparse_gnu() -> bytes:
+    """A GNU old-style sparse member ('S'): real data 512 bytes, declared as a map."""
+    return header(b"000001.bin", b"%011o\0" % 512, b"S") + b"s" * 512
+
+
+def pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n = len(str(n)) + len(body)
+    return str(n).encode() + body
+
+
+def sparse_pax() -> bytes:
+    """A PAX 1.0 sparse member (as GNU tar --sparse --format=pax writes): the records, then the member."""
+    records = b"".join(pax_record(k, v) for k, v in [("GNU.sparse.major", "1"), ("GNU.sparse.minor", "0"),
+                                                       ("GNU.sparse.name", "000001.bin"), ("GNU.sparse.realsize", "1048576")])
+    return (header(b"././@PaxHeader", b"%011o\0" % len(records), b"x") + records.ljust(512, b"\0")
+            + header(b"GNUSparseFile.0/000001.bin", b"%011o\0" % 3) + b"abc".ljust(512, b"\0"))
+
+
+@pytest.mark.parametrize(
+    "member, said",
+    [
+        (sparse_gnu(), r"member '000001.bin' at byte 2048 has tar type b'S' \(GNU sparse\)"),
+        (sparse_pax(), r"member 'GNUSparseFile.0/000001.bin' at byte 3072 is a PAX sparse file \(GNU.sparse.major\)"),
+        (header(b"000001.vol", b"%011o\0" % 0, b"V"), r"member '000001.vol' at byte 2048 has tar type b'V'"),
+        (header(b"000001.bin", b"%011o\0" % 10, b"Q") + b"q" * 512, r"has tar type b'Q' \(unknown\)"),
+    ],
+)
+def test_member_types_not_understood_are_named_and_skipped_exactly(tmp_path: Path, member: bytes, said: str) -> None:
+    data = samples(range(1)) + member + samples(range(2, 4)) + END_OF_ARCHIVE
+    url = write(tmp_path, "types.tar", data)
+    with pytest.raises(SampleError, match=said):
+        keys(ShardDataset(url, decode=None))
+    ds = ShardDataset(url, decode=None, on_error="skip")
+    assert keys(ds) == ["000000", "000002", "000003"]
+    assert ds.stats["unsupported_member"] == 1
+    assert ds.stats["skipped"] == 1
+
+
+def test_pax_record_lengths_are_validated(tmp_path: Path) -> None:
+    for record in (b"-5 path=x\n", b"99 path=x\n", b"5_0 path=x\n", b"3 path=x\n"):
+        bad = header(b"././@PaxHeader", b"%011o\0" % len(record), b"x") + record.ljust(512, b"\0")
+        data = bad + header(b"000001.txt", b"%011o\0" % 1) + b"a".ljust(512, b"\0") + END_OF_ARCHIVE
+        with pytest.raises(ShardFormatError, match="malformed PAX"):
+            list(iter_samples([data], "pax.tar"))
+
+
+def test_extended_header_over_its_limit(tmp_path: Path) -> None:
+    data = header(b"././@LongLink", b"%011o\0" % (2 * MiB), b"L") + b"n" * 512
+    with pytest.raises(ShardFormatError, match=r"declares 2097152 bytes, over the limit of 1048576 \(Limits.max_header_bytes\)"):
+        list(iter_samples([data], "long.tar"))
+
+
+# ------------------------------------------------------------------ memory (subprocess, peak RSS)
+
+
+def _compress(path: Path, kind: str, member: int, tail: bytes) -> None:
+    """Write a one-member tar of ``member`` zero bytes (+ ``tail`` tar bytes), compressed, streaming."""
+    hdr = header(b"000000.bin", b"%011o\0" % member if member < 8**11 else base256(member))
+    zeros = b"\0" * (4 * MiB)
+    with open(path, "wb") as f:
+        if kind == "zst":
+            import zstandard
+
+            w = zstandard.ZstdCompressor(level=1).stream_writer(f, closefd=False)
+            write_, finish = w.write, w.close
+        else:
+            c = zlib.compressobj(9 if member > GiB else 1, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+            write_, finish = (lambda b: f.write(c.compress(b))), (lambda: f.write(c.flush()))
+        write_(hdr)
+        left = member + (-member % 512)
+        while left:
+            n = min(left, len(zeros))
+            write_(zeros[:n])
+            left -= n
+        write_(tail)
+        finish()
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bombs")
+    tail = encode_sample("000001", {"txt": b"after the bomb"}) + END_OF_ARCHIVE
+    out = {}
+    for kind in ("zst", "gz"):
+        out[kind] = root / f"bomb.tar.{kind}"
+        _compress(out[kind], kind, GiB + 1, tail)  # declares (and holds) one byte over the default limit
+    out["big"] = root / "big.tar.gz"
+    _compress(out["big"], "gz", 256 * MiB, tail)  # under the limit: read, once
+    return out
+
+
+def peak_rss(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; return its JSON result plus the peak RSS growth in bytes."""
+    script = textwrap.dedent(
+        """
+        import json, resource, sys
+        import shardflow, shardflow.dataset, shardflow.format.tar, numpy, torch
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = {}
+        try:
+        %s
+        except Exception as e:
+            result["error"] = f"{type(e).__name__}: {e}"
+        result["peak"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
+        print(json.dumps(result))
+        """
+    ) % textwrap.indent(textwrap.dedent(code), "    ")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["gz"])
+def test_decompression_bomb_raise_is_fast_and_small(bombs: dict[str, Path], kind: str) -> None:
+    assert bombs[kind].stat().st_size < 2 * MiB  # a 32 KB .tar.zst, a ~1 MB .tar.gz
+    got = peak_rss(f"""
+        ds = shardflow.ShardDataset({str(bombs[kind])!r}, decode=None)
+        result["keys"] = [s["__key__"] for s in ds]
+    """)
+    assert "over the limit of 1073741824 bytes (Limits.max_member_bytes" in got["error"]
+    assert got["peak"] < 64 * MiB  # bound: 64 MiB (it was 2.6 GB)
+
+
+def test_decompression_bomb_skip_streams_past_it(bombs: dict[str, Path]) -> None:
+    got = peak_rss(f"""
+        ds = shardflow.ShardDataset({str(bombs["gz"])!r}, decode=None, on_error="skip")
+        result["samples"] = [(s["__key__"], bytes(s["txt"]).decode()) for s in ds]
+        result["stats"] = dict(ds.stats)
+    """)
+    assert got["samples"] == [["000001", "after the bomb"]], got
+    assert got["stats"]["member_too_large"] == 1 and got["stats"]["skipped"] == 1
+    assert got["peak"] < 64 * MiB  # bound: 64 MiB for a 1 GiB member skipped
+
+
+def test_big_member_is_held_once(bombs: dict[str, Path]) -> None:
+    got = peak_rss(f"""
+        ds = shardflow.ShardDataset({str(bombs["big"])!r}, decode=None)
+        it = iter(ds)
+        s = next(it)
+        result["len"] = len(s["bin"])
+        result["zero"] = not any(s["bin"][:: 1 << 16])
+        del s
+        result["rest"] = [x["__key__"] for x in it]
+    """)
+    assert got.get("error") is None, got
+    assert got["len"] == 256 * MiB and got["zero"] and got["rest"] == ["000001"]
+    # bound: 1.25x the member (held twice, as before, would be >= 2x = 512 MiB)
+    assert got["peak"] < 320 * MiB, got["peak"] / MiB
