@@ -9,6 +9,7 @@ import os
 import pickle
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,40 +23,32 @@ from .errors import ManifestError, MissingFieldError, SampleError, ShardflowErro
 from .expand import Expand
 from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized, worker_batches
 from .source import Source, resolve_source
+from .state import STATE_VERSION, ResumePoint, build_state, check_state, decode_runs, encode_runs
 from .world import World, stable_seed
 
-__all__ = ["ShardDataset", "STATE_VERSION"]
+__all__ = ["ShardDataset", "Batching", "WorkerItem", "STATE_VERSION"]
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
 _MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
-class _Batching:
-    """Set by :func:`shardflow.loader`: workers batch and collate, and tag batches."""
+class Batching:
+    """How DataLoader workers batch a dataset (set by :func:`shardflow.loader`).
+
+    Attributes:
+        batch_size: samples per batch.
+        drop_last: drop each rank's last incomplete batch.
+        collate: ``collate(list of samples) -> batch``, run in the workers.
+        max_cost: batch by summed ``cost`` instead of count (None: by count).
+        cost: the per-sample size column to sum (``"num_nodes"``, ``"num_edges"``).
+    """
 
     batch_size: int
     drop_last: bool
     collate: Callable[[list[Any]], Any]
     max_cost: int | None = None
     cost: str = "num_nodes"
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """Where the next iteration resumes: the remaining units per worker.
-
-    ``assignment[w]`` lists the batch numbers (sized) of worker ``w``;
-    unsized, ``skip[w]`` counts the units worker ``w`` skips and
-    ``streams[w]`` is the stream (worker position of the saved run: its
-    shards and shuffle seed) that worker ``w`` continues.
-    """
-
-    epoch: int
-    assignment: tuple[tuple[int, ...], ...]
-    skip: tuple[int, ...] = ()
-    streams: tuple[int, ...] = ()
 
 
 @dataclass
@@ -67,21 +60,6 @@ class WorkerItem:
     data: Any
     stats: dict[str, int] = field(default_factory=dict)
     final: bool = False
-
-
-def _ranges(ids: Sequence[int]) -> list[list[int]]:
-    """Compress an ordered list of ints into ``[start, stop)`` runs."""
-    out: list[list[int]] = []
-    for i in ids:
-        if out and out[-1][1] == i:
-            out[-1][1] = i + 1
-        else:
-            out.append([i, i + 1])
-    return out
-
-
-def _unranges(runs: Sequence[Sequence[int]]) -> list[int]:
-    return [i for a, b in runs for i in range(a, b)]
 
 
 class ShardDataset(IterableDataset):
@@ -201,9 +179,9 @@ class ShardDataset(IterableDataset):
         if self.source.counts is None:  # fail here, not later inside a DataLoader worker
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
-        self._batching: _Batching | None = None
+        self._batching: Batching | None = None
         self._in_loader = False  # True while a shardflow.loader iterates this dataset
-        self._resume: _Resume | None = None
+        self._resume: ResumePoint | None = None
         self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
@@ -394,22 +372,26 @@ class ShardDataset(IterableDataset):
             "expand": self.expand.count if self.expand is not None else 1,
         }
 
-    def _check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
-        if not isinstance(state, Mapping) or state.get("kind") != kind:
-            raise StateError(f"not a {kind} state_dict (kind={state.get('kind') if isinstance(state, Mapping) else None!r})")
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"{kind} state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
-        saved, now = state["config"], self._fingerprint(num_workers)
-        diffs = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if k != "num_workers" and saved.get(k) != now[k]]
-        if not self.sized and saved.get("num_workers") != num_workers:
-            diffs.append(f"num_workers: saved {saved.get('num_workers')}, now {num_workers} (without a manifest the worker count must match)")
-        if diffs:
-            raise StateError(
-                f"cannot resume: the {kind} was configured differently when the state was saved ("
-                + "; ".join(diffs)
-                + "). Resuming needs the same shards, seed, shuffle, split, batch size and world size; "
-                "with a manifest the number of workers may change"
+    def check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
+        """Refuse a state this dataset cannot resume (part of the resume contract).
+
+        Args:
+            state: a state dict (:mod:`shardflow.state`).
+            kind: ``"ShardDataset"`` or ``"ShardLoader"``.
+            num_workers: reading processes per rank of the loading side.
+
+        Raises:
+            StateError: another kind or version, or another configuration; the
+                message names each difference.
+        """
+        extra = []
+        saved = state.get("config") if isinstance(state, Mapping) else None
+        if not self.sized and isinstance(saved, Mapping) and saved.get("num_workers") != num_workers:
+            extra.append(
+                f"num_workers: saved {saved.get('num_workers')}, now {num_workers} "
+                "(without a manifest the worker count must match)"
             )
+        check_state(state, kind, self._fingerprint(num_workers), ignored=("num_workers",), extra=extra)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the current epoch when iterating in this process.
@@ -422,26 +404,28 @@ class ShardDataset(IterableDataset):
         progress = getattr(self, "_progress", None)
         resume = self._resume
         if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
-            remaining = [_ranges(resume.assignment[0])] if self.sized else [resume.skip[0]]
-            return self._make_state("ShardDataset", 1, resume.epoch, remaining, 0)
+            remaining = [encode_runs(resume.assignment[0])] if self.sized else [resume.skip[0]]
+            return self.make_state("ShardDataset", 1, resume.epoch, remaining, 0)
         if progress is None:
             epoch = int(self._control[0]) + int(self._control[1])
             remaining: list[Any] = []
         else:
             ids, k, skip = progress
             epoch = self._last_epoch
-            remaining = [_ranges(ids[k:])] if self.sized else [skip + k]
-        return self._make_state("ShardDataset", 1, epoch, remaining, 0)
+            remaining = [encode_runs(ids[k:])] if self.sized else [skip + k]
+        return self.make_state("ShardDataset", 1, epoch, remaining, 0)
 
-    def _make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "next_worker": next_worker,
-            "remaining": remaining,
-            "config": self._fingerprint(num_workers),
-        }
+    def make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
+        """A state dict of this dataset's configuration (see :mod:`shardflow.state`).
+
+        Args:
+            kind: ``"ShardDataset"`` or ``"ShardLoader"``.
+            num_workers: reading processes per rank.
+            epoch: the epoch the state resumes.
+            remaining: per stream, what is left of the epoch (``[]``: all of it).
+            next_worker: the stream the next batch comes from.
+        """
+        return build_state(kind, epoch, remaining, next_worker, self._fingerprint(num_workers))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration continues that epoch.
@@ -450,9 +434,60 @@ class ShardDataset(IterableDataset):
             StateError: another version, or a different configuration (the
                 message lists each difference).
         """
-        self._check_state(state, "ShardDataset", 1)
+        self.check_state(state, "ShardDataset", 1)
         self._load_resume(state, 1)
         self._progress = None  # an abandoned iteration no longer names the position
+
+    # ------------------------------------------------------------ the loader's side of the contract
+
+    def set_batching(self, batching: Batching | None) -> None:
+        """Let DataLoader workers batch and collate (:func:`shardflow.loader` calls this);
+        None: yield samples."""
+        self._batching = batching
+
+    @property
+    def batching(self) -> Batching | None:
+        """The loader's batching, or None when the dataset yields samples."""
+        return self._batching
+
+    @property
+    def requested_epoch(self) -> int | None:
+        """The epoch given to :meth:`set_epoch` (or by a loaded state) since the last
+        loader iteration began, or None."""
+        return self._user_epoch
+
+    def begin_epoch(self, epoch: int, state: Mapping[str, Any] | None, num_workers: int) -> ResumePoint | None:
+        """Start a loader iteration of ``epoch`` (:class:`~shardflow.loading.ShardLoader` calls this).
+
+        Args:
+            epoch: the epoch the iteration reads.
+            state: a checked state (:meth:`check_state`) to resume, or None.
+            num_workers: reading processes per rank.
+
+        Returns:
+            Where each worker resumes, or None when the epoch starts afresh.
+        """
+        if state is not None:
+            self._load_resume(state, num_workers)
+        self._user_epoch = None
+        if self._resume is None or self._resume.epoch != epoch:
+            self._resume = None
+        self._apply_epoch(epoch)
+        return self._resume
+
+    @contextmanager
+    def loader_iteration(self) -> Iterator[None]:
+        """Within it the dataset yields the loader's batch records (also in workers
+        started inside it, which carry the flag)."""
+        self._in_loader = True
+        try:
+            yield
+        finally:
+            self._in_loader = False
+
+    def workers_started(self) -> None:
+        """The workers hold their copy of the resume point: later epochs start afresh."""
+        self._resume = None
 
     def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
         epoch = int(state["epoch"])
@@ -466,9 +501,9 @@ class ShardDataset(IterableDataset):
             skip = [int(x) for x in remaining]
             j = int(state["next_worker"])
             streams = tuple((i + j) % num_workers for i in range(num_workers))
-            self._resume = _Resume(epoch, (), tuple(skip[s] for s in streams), streams)
+            self._resume = ResumePoint(epoch, (), tuple(skip[s] for s in streams), streams)
             return
-        lists = [_unranges(r) for r in remaining]
+        lists = [decode_runs(r) for r in remaining]
         saved_workers = len(lists)
         if saved_workers == num_workers:
             j = int(state["next_worker"]) % num_workers
@@ -476,7 +511,7 @@ class ShardDataset(IterableDataset):
         else:
             flat = sorted(b for lst in lists for b in lst)
             assignment = tuple(tuple(flat[i * len(flat) // num_workers : (i + 1) * len(flat) // num_workers]) for i in range(num_workers))
-        self._resume = _Resume(epoch, assignment)
+        self._resume = ResumePoint(epoch, assignment)
 
     # ------------------------------------------------------------ iteration
 
@@ -508,7 +543,7 @@ class ShardDataset(IterableDataset):
             return self._iter_batches(world, epoch, resume, policy)
         return self._iter_samples(world, epoch, resume, policy)
 
-    def _units(self, world: World, epoch: int, resume: _Resume | None) -> list[int]:
+    def _units(self, world: World, epoch: int, resume: ResumePoint | None) -> list[int]:
         """This worker's batch numbers (sized; empty when unsized)."""
         if not self.sized:
             return []
@@ -577,7 +612,7 @@ class ShardDataset(IterableDataset):
 
         return prepare
 
-    def _iter_samples(self, world: World, epoch: int, resume: _Resume | None, policy: stages.ErrorPolicy) -> Iterator[Any]:
+    def _iter_samples(self, world: World, epoch: int, resume: ResumePoint | None, policy: stages.ErrorPolicy) -> Iterator[Any]:
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
         in_main = torch.utils.data.get_worker_info() is None
@@ -603,7 +638,7 @@ class ShardDataset(IterableDataset):
         if in_main:
             self._progress = None
 
-    def _iter_batches(self, world: World, epoch: int, resume: _Resume | None, policy: stages.ErrorPolicy) -> Iterator[WorkerItem]:
+    def _iter_batches(self, world: World, epoch: int, resume: ResumePoint | None, policy: stages.ErrorPolicy) -> Iterator[WorkerItem]:
         b = self._batching
         if b is None:
             raise ShardflowError("internal: batching requested without a batch configuration")
@@ -641,9 +676,9 @@ class ShardDataset(IterableDataset):
         return state
 
 
-def _stream_world(world: World, resume: _Resume | None) -> World:
+def _stream_world(world: World, resume: ResumePoint | None) -> World:
     """The worker position whose stream (shards, shuffle seed) this worker reads:
-    its own, or after an unsized resume the saved run's (see :class:`_Resume`)."""
+    its own, or after an unsized resume the saved run's (see :class:`ResumePoint`)."""
     if resume is None or not resume.streams or world.worker >= len(resume.streams):
         return world
     return world.with_workers(resume.streams[world.worker], world.num_workers)

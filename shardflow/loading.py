@@ -11,8 +11,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from .collation import collate as default_collate
-from .dataset import ShardDataset, WorkerItem, _Batching, _ranges
+from .dataset import Batching, ShardDataset, WorkerItem
 from .errors import ShardflowError, StateError
+from .plan import worker_batches
+from .state import encode_runs
 
 __all__ = ["loader", "ShardLoader"]
 
@@ -65,7 +67,7 @@ class ShardLoader:
         self.collate_fn = collate_fn or default_collate
         if max_cost is not None and (max_cost < 1 or drop_last):
             raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
-        dataset._batching = _Batching(batch_size, drop_last, self.collate_fn, max_cost, cost)
+        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost))
         if drop_last and num_workers > 1 and not dataset.sized:
             log.warning(
                 "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "
@@ -114,8 +116,8 @@ class ShardLoader:
         ds = self.dataset
         if self._pending is not None:
             return int(self._pending["epoch"])
-        if ds._user_epoch is not None:
-            return ds._user_epoch
+        if ds.requested_epoch is not None:
+            return ds.requested_epoch
         return ds.epoch if self._epoch is None else self._epoch + 1
 
     def _dataloader(self, fresh: bool) -> DataLoader:
@@ -127,22 +129,13 @@ class ShardLoader:
         ds = self.dataset
         epoch = self._coming_epoch()
         pending, self._pending = self._pending, None
-        if pending is not None:
-            ds._load_resume(pending, self.workers)
-        ds._user_epoch = None
-        resume = ds._resume
-        if resume is None or resume.epoch != epoch:
-            resume = None
-            ds._resume = None
-        ds._apply_epoch(epoch)
+        resume = ds.begin_epoch(epoch, pending, self.workers)
         self._epoch = epoch
         k = self.workers
         if ds.sized:
             if resume is not None:
                 self._lists = [list(a) for a in resume.assignment]
             else:
-                from .plan import worker_batches
-
                 nb = ds.num_batches(k)
                 self._lists = [list(worker_batches(nb, w, k, not ds.shuffle.enabled)) for w in range(k)]
         else:
@@ -156,13 +149,13 @@ class ShardLoader:
     def _run(self, resuming: bool) -> Iterator[Any]:
         ds = self.dataset
         ds.world()  # detect the ranks here, in the main process: workers get them with the dataset
-        ds._in_loader = True  # (workers started now, forked or pickled, carry the flag)
-        try:
-            it = iter(self._dataloader(fresh=resuming))
-        except BaseException:
-            ds._in_loader = False
-            raise
-        ds._resume = None  # the workers have their copy; later epochs start afresh
+        with ds.loader_iteration():  # (workers started now, forked or pickled, carry the flag)
+            yield from self._batches(resuming)
+
+    def _batches(self, resuming: bool) -> Iterator[Any]:
+        ds = self.dataset
+        it = iter(self._dataloader(fresh=resuming))
+        ds.workers_started()  # the workers have their copy; later epochs start afresh
         stats: dict[int, dict[str, int]] = {}
         self._active = True
         last: Any = None
@@ -208,7 +201,6 @@ class ShardLoader:
                 )
         finally:
             self._active = False
-            ds._in_loader = False
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
@@ -232,16 +224,16 @@ class ShardLoader:
         if self._pending is not None:  # loaded, not iterated yet: keep that position
             return dict(self._pending)
         if not self._lists:
-            return ds._make_state("ShardLoader", self.workers, self._coming_epoch(), [], 0)
+            return ds.make_state("ShardLoader", self.workers, self._coming_epoch(), [], 0)
         if ds.sized:
-            remaining = [_ranges(lst[t:]) for lst, t in zip(self._lists, self._taken)]
+            remaining = [encode_runs(lst[t:]) for lst, t in zip(self._lists, self._taken)]
             next_worker = self._next_worker
         else:  # by stream: worker w may continue another stream after a resume
             remaining = [0] * len(self._lists)
             for w, (lst, t) in enumerate(zip(self._lists, self._taken)):
                 remaining[self._streams[w]] = lst[0] + t
             next_worker = self._streams[self._next_worker]
-        return ds._make_state("ShardLoader", self.workers, int(self._epoch or 0), remaining, next_worker)
+        return ds.make_state("ShardLoader", self.workers, int(self._epoch or 0), remaining, next_worker)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the next ``iter()`` from :meth:`state_dict`.
@@ -252,7 +244,7 @@ class ShardLoader:
         """
         if self._active:
             raise StateError("load_state_dict() while an iteration is running; load before iterating")
-        self.dataset._check_state(state, "ShardLoader", self.workers)
+        self.dataset.check_state(state, "ShardLoader", self.workers)
         self._pending = dict(state)
         self._dl = None  # persistent workers must restart to see the resume point
 
