@@ -1,14 +1,21 @@
 """``shardflow convert KIND SRC DST``: one sub-command per converter.
 
-Each converter module ``shardflow.convert.<kind>`` exposes
-``register_cli(subparsers)``, which adds its sub-command and handler.
+All argument parsing of the converters lives here; the converters in
+:mod:`shardflow.convert` take plain arguments and a ``progress`` callback.
+The four sub-commands share one helper, :func:`run_converter`, which builds
+the shared options, draws the progress bar and prints the one-line summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
+
+from .progress import progress_bar
 
 KINDS = ("imagefolder", "pyg", "arrays", "lines")
 
@@ -17,14 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("convert", help="convert an image folder, a PyG dataset, arrays or text lines into shards")
     kinds = parser.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
-    for kind in KINDS:
-        try:
-            module = importlib.import_module(f"shardflow.convert.{kind}")
-        except ModuleNotFoundError as e:
-            if e.name != f"shardflow.convert.{kind}":
-                raise
-            continue
-        module.register_cli(kinds)
+    for add in (_add_imagefolder, _add_pyg, _add_arrays, _add_lines):
+        add(kinds)
+
+
+# ------------------------------------------------------------------ the shared helper
 
 
 def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None = 10_000) -> None:
@@ -42,14 +46,8 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec storage option for a remote DST (repeatable)",
+        help="fsspec storage option for a remote SRC or DST (repeatable)",
     )
-
-
-def report(line: str) -> int:
-    """Print a converter's one-line summary (the CLI's output) and return exit status 0."""
-    print(line)
-    return 0
 
 
 def storage_options(pairs: list[str]) -> dict[str, str]:
@@ -76,4 +74,219 @@ def options_from_args(args: argparse.Namespace, *, max_count: int | None = None)
         workers=args.workers,
         resume=not args.no_resume,
         storage_options=storage_options(args.storage_option),
+    )
+
+
+def run_converter(
+    convert: Callable[[Callable[[int], None]], Any],
+    summary: Callable[[Any, float], str],
+    *,
+    desc: str,
+    unit: str,
+    total: int | None = None,
+) -> int:
+    """Run one converter under a progress bar and print its one-line summary.
+
+    Args:
+        convert: ``convert(progress)`` runs the conversion and returns its manifest.
+        summary: ``summary(manifest, seconds)`` is the line printed at the end.
+        desc, unit, total: the progress bar's label, unit and total (None: unknown).
+
+    Returns:
+        The exit status, 0.
+    """
+    start = time.perf_counter()
+    with progress_bar(desc, total, unit=unit) as update:
+        manifest = convert(update)
+    print(summary(manifest, time.perf_counter() - start))
+    return 0
+
+
+def _rate(n: int, seconds: float, unit: str) -> str:
+    return f"in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} {unit}/s)"
+
+
+# ------------------------------------------------------------------ imagefolder
+
+
+def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "imagefolder",
+        help="convert an ImageFolder tree (SRC/<class>/<image>) into shards",
+        description=(
+            "Pack SRC/<class>/.../<image> files into tar shards in DST (fields <ext> with the original "
+            "bytes and cls), with class_to_idx in DST/shardflow.json. Hidden entries are skipped; a "
+            "class with no image is an error unless --allow-empty. Re-running resumes."
+        ),
+    )
+    parser.add_argument("src", metavar="SRC", help="root of the image folder (one sub-folder per class)")
+    parser.add_argument("dst", metavar="DST", help="destination folder or fsspec URL for shards and manifest")
+    parser.add_argument("--allow-empty", action="store_true", help="keep classes with no images (with their index)")
+    add_shard_options(parser)
+    parser.set_defaults(func=_imagefolder)
+
+
+def _imagefolder(args: argparse.Namespace) -> int:
+    from ..convert.imagefolder import convert_imagefolder, count_images
+
+    options = options_from_args(args)
+    # A total for the ETA costs one scandir pass that keeps counts only; it is
+    # done only when a bar is drawn (a terminal), never in logs or pipes.
+    total = sum(count_images(args.src).values()) if sys.stderr.isatty() else None
+
+    def summary(manifest: Any, seconds: float) -> str:
+        n = manifest.num_samples
+        return (
+            f"{n} samples, {len(manifest.meta['class_to_idx'])} classes, {len(manifest.shards)} shards "
+            f"{_rate(n, seconds, 'files')} -> {args.dst}"
+        )
+
+    return run_converter(
+        lambda update: convert_imagefolder(args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update),
+        summary,
+        desc="imagefolder",
+        unit="files",
+        total=total,
+    )
+
+
+# ------------------------------------------------------------------ pyg
+
+
+def _add_pyg(kinds: argparse._SubParsersAction) -> None:
+    from ..convert.pyg import DEFAULT_FIELD
+
+    p = kinds.add_parser(
+        "pyg",
+        help="one sample per graph of a PyTorch Geometric dataset",
+        description=(
+            "Write one sample per graph: key = graph number (000000042), field graph.pyg (the graph's tensors "
+            "with exact dtypes and its attributes, safetensors + JSON, no pickle), plus a sizes index "
+            "(num_nodes, num_edges) for batching by a node budget. DATASET is 'module:callable', called with "
+            "--kwargs and --root: a PyG dataset class (torch_geometric.datasets:TUDataset --root data/TU "
+            "--kwargs '{\"name\": \"MUTAG\"}'), or a function returning a dataset, a list or a generator of "
+            "graphs. An indexable dataset is converted by --workers processes, each taking its own graphs; a "
+            "generator is encoded and written by this process alone."
+        ),
+    )
+    p.add_argument("dataset", metavar="DATASET", help="importable 'module:callable' (or 'module:object')")
+    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
+    p.add_argument("--root", metavar="DIR", help="passed as root= (the dataset's folder)")
+    p.add_argument(
+        "--kwargs", metavar="JSON", default="{}", help='keyword arguments as a JSON object, e.g. \'{"name": "MUTAG"}\''
+    )
+    p.add_argument("--field", default=DEFAULT_FIELD, help=f"the graph's field name, ending in .pyg (default {DEFAULT_FIELD})")
+    add_shard_options(p)
+    p.set_defaults(func=_pyg)
+
+
+def _parse_kwargs(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--kwargs is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"--kwargs must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _pyg(args: argparse.Namespace) -> int:
+    from ..convert.pyg import DatasetSpec, check_graph_field, convert_graphs, is_indexable
+
+    spec = DatasetSpec(args.dataset, _parse_kwargs(args.kwargs), args.root)
+    field_name = check_graph_field(args.field)  # before building the dataset (which may download)
+    options = options_from_args(args)
+    dataset = spec.open()
+    return run_converter(
+        lambda update: convert_graphs(dataset, args.dst, spec=spec, field=field_name, options=options, progress=update),
+        lambda m, s: f"{m.num_samples} graphs of {spec.describe()} -> {len(m.shards)} shard(s) in {args.dst}",
+        desc="graphs",
+        unit="graph",
+        total=len(dataset) if is_indexable(dataset) else None,
+    )
+
+
+# ------------------------------------------------------------------ arrays
+
+
+def _add_arrays(kinds: argparse._SubParsersAction) -> None:
+    from ..convert.arrays import IMAGE_FORMATS
+
+    p = kinds.add_parser(
+        "arrays",
+        help="one sample per row of a .npy, .npz or HDF5 array",
+        description=(
+            "Write one sample per row of an array: key = row number (000000042), field npy (exact dtype and "
+            "shape) or png/jpg with --as, plus cls (integer labels) or label.npy from --labels. Rows are read "
+            "chunk by chunk by each worker, so memory stays near one chunk whatever the array size. Without "
+            "--max-count a shard holds 10,000 rows or about 1 GiB of row data, whichever is fewer rows."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="a .npy, .npz or HDF5 file; FILE:NAME picks an .npz member or HDF5 dataset")
+    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
+    p.add_argument("--array", metavar="NAME", help="the .npz member or HDF5 dataset (when SRC holds several)")
+    p.add_argument("--labels", metavar="PATH_OR_NAME", help="labels: a file (FILE or FILE:NAME) or an array name inside SRC")
+    p.add_argument("--as", dest="as_image", choices=IMAGE_FORMATS, help="store uint8 (H, W[, 3]) rows as images")
+    p.add_argument("--chunk-rows", type=int, metavar="N", help="rows a worker reads at once (default: 64 MiB worth)")
+    add_shard_options(p, max_count=None)
+    p.set_defaults(max_count=None, func=_arrays)
+
+
+def _arrays(args: argparse.Namespace) -> int:
+    from ..convert.arrays import convert_arrays, default_max_count, inspect_array
+
+    spec = inspect_array(args.src, args.array)
+    options = options_from_args(args, max_count=args.max_count or default_max_count(spec))
+    return run_converter(
+        lambda update: convert_arrays(
+            args.src,
+            args.dst,
+            array=args.array,
+            labels=args.labels,
+            as_image=args.as_image,
+            chunk_rows=args.chunk_rows,
+            options=options,
+            progress=update,
+        ),
+        lambda m, s: f"{m.num_samples} rows of {spec.describe()} -> {len(m.shards)} shard(s) in {args.dst}",
+        desc="rows",
+        unit="row",
+        total=spec.rows,
+    )
+
+
+# ------------------------------------------------------------------ lines
+
+
+def _add_lines(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser(
+        "lines",
+        help="one sample per line of a text or JSON-lines file (plain, gzip or zstd)",
+        description=(
+            "Write one sample per line: key line-000000042 (1-based line number), field txt (the line) or json "
+            "(JSON lines, each line checked). Empty lines are kept as empty txt samples; in JSON lines they are "
+            "skipped. The file is read as a stream; gzip and zstd are found by magic bytes."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="text or JSON-lines file, local or fsspec URL")
+    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--jsonl", dest="json_lines", action="store_true", default=None, help="JSON lines: field json")
+    mode.add_argument("--text", dest="json_lines", action="store_false", help="plain text: field txt")
+    add_shard_options(p)
+    p.set_defaults(json_lines=None, func=_lines)
+
+
+def _lines(args: argparse.Namespace) -> int:
+    from ..convert.lines import convert_lines
+
+    options = options_from_args(args)
+    return run_converter(
+        lambda update: convert_lines(args.src, args.dst, json_lines=args.json_lines, options=options, progress=update),
+        lambda m, s: (
+            f"{m.num_samples} samples from {m.meta.get('lines')} lines of {args.src} -> "
+            f"{len(m.shards)} shard(s) in {args.dst}"
+        ),
+        desc="lines",
+        unit="line",
     )

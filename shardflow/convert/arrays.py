@@ -37,7 +37,6 @@ and encoding are unchanged.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import logging
@@ -55,7 +54,7 @@ from ..errors import ConversionError, missing_dependency
 from ..format.manifest import Manifest
 from .engine import ConvertOptions, run_conversion
 
-__all__ = ["ArraySpec", "convert_arrays", "inspect_array", "register_cli", "IMAGE_FORMATS"]
+__all__ = ["ArraySpec", "convert_arrays", "default_max_count", "inspect_array", "IMAGE_FORMATS"]
 
 log = logging.getLogger(__name__)
 
@@ -478,6 +477,12 @@ def _descr(dtype: np.dtype) -> Any:
     return np.lib.format.dtype_to_descr(dtype)
 
 
+def default_max_count(spec: ArraySpec) -> int:
+    """Rows per shard when none are given: 10,000, or fewer so that a shard holds about
+    :data:`DEFAULT_SHARD_BYTES` of raw row data."""
+    return max(1, min(10_000, DEFAULT_SHARD_BYTES // max(spec.row_bytes, 1)))
+
+
 def convert_arrays(
     src: str | os.PathLike,
     dst: str,
@@ -542,7 +547,7 @@ def convert_arrays(
         label_field = "cls" if (label_spec.dtype.kind in "iu" and len(label_spec.shape) == 1) else "label.npy"
     row_bytes = max(spec.row_bytes, 1)
     if options is None:
-        options = ConvertOptions(max_count=max(1, min(10_000, DEFAULT_SHARD_BYTES // row_bytes)))
+        options = ConvertOptions(max_count=default_max_count(spec))
     chunk = chunk_rows or max(1, DEFAULT_CHUNK_BYTES // row_bytes)
     chunk = min(chunk, options.max_count)
     if spec.kind == "npz" and spec.compressed:
@@ -577,52 +582,3 @@ def convert_arrays(
     # shards of another file or encoding) and the row number; rows are read in the workers
     descriptors = ((tag, i) for i in range(spec.rows))
     return run_conversion(dst, descriptors, _build, context=ctx, meta=meta, options=options, progress=progress)
-
-
-# ------------------------------------------------------------------ command line
-
-
-def register_cli(kinds: argparse._SubParsersAction) -> None:
-    """Add ``shardflow convert arrays SRC DST``."""
-    from ..cli.convert import add_shard_options
-
-    p = kinds.add_parser(
-        "arrays",
-        help="one sample per row of a .npy, .npz or HDF5 array",
-        description=(
-            "Write one sample per row of an array: key = row number (000000042), field npy (exact dtype and "
-            "shape) or png/jpg with --as, plus cls (integer labels) or label.npy from --labels. Rows are read "
-            "chunk by chunk by each worker, so memory stays near one chunk whatever the array size. Without "
-            "--max-count a shard holds 10,000 rows or about 1 GiB of row data, whichever is fewer rows."
-        ),
-    )
-    p.add_argument("src", metavar="SRC", help="a .npy, .npz or HDF5 file; FILE:NAME picks an .npz member or HDF5 dataset")
-    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
-    p.add_argument("--array", metavar="NAME", help="the .npz member or HDF5 dataset (when SRC holds several)")
-    p.add_argument("--labels", metavar="PATH_OR_NAME", help="labels: a file (FILE or FILE:NAME) or an array name inside SRC")
-    p.add_argument("--as", dest="as_image", choices=IMAGE_FORMATS, help="store uint8 (H, W[, 3]) rows as images")
-    p.add_argument("--chunk-rows", type=int, metavar="N", help="rows a worker reads at once (default: 64 MiB worth)")
-    add_shard_options(p, max_count=None)
-    p.set_defaults(max_count=None, func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args, report
-    from ..cli.progress import progress_bar
-
-    spec = inspect_array(args.src, args.array)
-    max_count = args.max_count or max(1, min(10_000, DEFAULT_SHARD_BYTES // max(spec.row_bytes, 1)))
-    options = options_from_args(args, max_count=max_count)
-    with progress_bar("rows", total=spec.rows, unit="row") as bar:
-        manifest = convert_arrays(
-            args.src,
-            args.dst,
-            array=args.array,
-            labels=args.labels,
-            as_image=args.as_image,
-            chunk_rows=args.chunk_rows,
-            options=options,
-            progress=bar,
-        )
-    return report(f"{manifest.num_samples} rows of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
-

@@ -38,12 +38,9 @@ members). When two images in one directory share a stem (``x.jpg`` and
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -58,7 +55,6 @@ __all__ = [
     "find_classes",
     "count_images",
     "key_to_path",
-    "register_cli",
 ]
 
 log = logging.getLogger(__name__)
@@ -413,46 +409,4 @@ def convert_imagefolder(
         meta_at_end=walk.summary,
         options=options,
         progress=progress,
-    )
-
-
-# ------------------------------------------------------------------ command line
-
-
-def register_cli(kinds: argparse._SubParsersAction) -> None:
-    """Add ``shardflow convert imagefolder SRC DST``."""
-    from ..cli.convert import add_shard_options
-
-    parser = kinds.add_parser(
-        "imagefolder",
-        help="convert an ImageFolder tree (SRC/<class>/<image>) into shards",
-        description=(
-            "Pack SRC/<class>/.../<image> files into tar shards in DST (fields <ext> with the original "
-            "bytes and cls), with class_to_idx in DST/shardflow.json. Hidden entries are skipped; a "
-            "class with no image is an error unless --allow-empty. Re-running resumes."
-        ),
-    )
-    parser.add_argument("src", metavar="SRC", help="root of the image folder (one sub-folder per class)")
-    parser.add_argument("dst", metavar="DST", help="destination folder or fsspec URL for shards and manifest")
-    parser.add_argument("--allow-empty", action="store_true", help="keep classes with no images (with their index)")
-    add_shard_options(parser)
-    parser.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args, report
-    from ..cli.progress import progress_bar
-
-    options = options_from_args(args)
-    # A total for the ETA costs one scandir pass that keeps counts only; it is
-    # done only when a bar is drawn (a terminal), never in logs or pipes.
-    total = sum(count_images(args.src).values()) if sys.stderr.isatty() else None
-    start = time.perf_counter()
-    with progress_bar("imagefolder", total, unit="files") as update:
-        manifest = convert_imagefolder(args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update)
-    seconds = time.perf_counter() - start
-    n = manifest.num_samples
-    return report(
-        f"{n} samples, {len(manifest.meta['class_to_idx'])} classes, {len(manifest.shards)} shards "
-        f"in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} files/s) -> {args.dst}"
     )

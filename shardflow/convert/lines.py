@@ -39,7 +39,6 @@ padded to 512 bytes), so a file of short lines grows about ``1 KiB / line``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -52,7 +51,7 @@ from ..errors import ConversionError
 from ..format.manifest import Manifest
 from .engine import ConvertOptions, run_conversion
 
-__all__ = ["convert_lines", "iter_lines", "register_cli", "JSON_SUFFIXES"]
+__all__ = ["convert_lines", "iter_lines", "JSON_SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -211,39 +210,3 @@ def convert_lines(
         options=options,
         progress=progress,
     )
-
-
-# ------------------------------------------------------------------ command line
-
-
-def register_cli(kinds: argparse._SubParsersAction) -> None:
-    """Add ``shardflow convert lines SRC DST``."""
-    from ..cli.convert import add_shard_options
-
-    p = kinds.add_parser(
-        "lines",
-        help="one sample per line of a text or JSON-lines file (plain, gzip or zstd)",
-        description=(
-            "Write one sample per line: key line-000000042 (1-based line number), field txt (the line) or json "
-            "(JSON lines, each line checked). Empty lines are kept as empty txt samples; in JSON lines they are "
-            "skipped. The file is read as a stream; gzip and zstd are found by magic bytes."
-        ),
-    )
-    p.add_argument("src", metavar="SRC", help="text or JSON-lines file, local or fsspec URL")
-    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--jsonl", dest="json_lines", action="store_true", default=None, help="JSON lines: field json")
-    mode.add_argument("--text", dest="json_lines", action="store_false", help="plain text: field txt")
-    add_shard_options(p)
-    p.set_defaults(json_lines=None, func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args, report
-    from ..cli.progress import progress_bar
-
-    options = options_from_args(args)
-    with progress_bar("lines", unit="line") as bar:
-        manifest = convert_lines(args.src, args.dst, json_lines=args.json_lines, options=options, progress=bar)
-    return report(f"{manifest.num_samples} samples from {manifest.meta.get('lines')} lines of {args.src} -> "
-                  f"{len(manifest.shards)} shard(s) in {args.dst}")

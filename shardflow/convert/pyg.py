@@ -50,7 +50,6 @@ iterable every graph's bytes) is unchanged.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import importlib
@@ -72,9 +71,10 @@ __all__ = [
     "DatasetSpec",
     "convert_pyg",
     "convert_graphs",
+    "check_graph_field",
+    "is_indexable",
     "graph_schema",
     "merge_schemas",
-    "register_cli",
 ]
 
 log = logging.getLogger(__name__)
@@ -353,7 +353,9 @@ def _forget(dataset: Any, index: int) -> None:
             pass
 
 
-def _indexable(obj: Any) -> bool:
+def is_indexable(obj: Any) -> bool:
+    """Whether ``obj`` is a dataset with ``len()`` and ``[i]`` (converted by worker
+    processes, each taking its own graphs), not a plain iterable of graphs."""
     if isinstance(obj, (str, bytes, Mapping, Iterator)) or _is_graph(obj):
         return False
     try:
@@ -410,10 +412,10 @@ def _worker_dataset(ctx: _Context) -> Any:
             f"{multiprocessing.get_start_method()!r}); convert with workers=1 or give a dataset spec"
         )
     dataset = ctx.spec.open()
-    if not _indexable(dataset) or len(dataset) != ctx.num_graphs:
+    if not is_indexable(dataset) or len(dataset) != ctx.num_graphs:
         raise ConversionError(
             f"the dataset {ctx.spec.describe()} built again in a worker process is not the same: "
-            f"{len(dataset) if _indexable(dataset) else 'not indexable'} graphs instead of {ctx.num_graphs}"
+            f"{len(dataset) if is_indexable(dataset) else 'not indexable'} graphs instead of {ctx.num_graphs}"
         )
     probe, _ = _probe(dataset, _probe_indices(ctx.num_graphs))
     if probe != ctx.probe:
@@ -579,7 +581,12 @@ def _close_database(dataset: Any) -> None:
 # ------------------------------------------------------------------ conversion
 
 
-def _check_field(name: str) -> str:
+def check_graph_field(name: str) -> str:
+    """Return ``name`` if it can hold a graph (ends in ``.pyg``, not metadata).
+
+    Raises:
+        ValueError: it cannot.
+    """
     if not name.endswith(".pyg") and name != "pyg":
         raise ValueError(f"the graph field must end in '.pyg' (its codec), got {name!r}")
     if name.startswith("__"):
@@ -596,10 +603,10 @@ def _convert(
     options: ConvertOptions,
     progress: Callable[[int], None] | None,
 ) -> Manifest:
-    _check_field(field_name)
+    check_graph_field(field_name)
     source = spec.describe() if spec is not None else f"{_qualname(dataset)} object"
     meta: dict[str, Any] = {"converter": "pyg", "source": source, "dataset_class": _qualname(dataset), "field": field_name}
-    if not _indexable(dataset):
+    if not is_indexable(dataset):
         if not isinstance(dataset, Iterable) or isinstance(dataset, (str, bytes, Mapping)) or _is_graph(dataset):
             raise ConversionError(
                 f"{source}: expected a dataset (len() and [i]) or an iterable of graphs, got a {_qualname(dataset)}"
@@ -702,7 +709,7 @@ def convert_pyg(
         spec = dataset_spec
     else:
         spec = DatasetSpec(dataset_spec, dict(kwargs or {}), os.fspath(root) if root is not None else None)
-    _check_field(field)
+    check_graph_field(field)
     dataset = spec.open()
     return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress)
 
@@ -714,6 +721,7 @@ def convert_graphs(
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
     field: str = DEFAULT_FIELD,
+    spec: DatasetSpec | None = None,
 ) -> Manifest:
     """Convert a dataset object already in hand (``InMemoryDataset``, ``OnDiskDataset``,
     a list of ``Data``, a generator of graphs) into shards, as :func:`convert_pyg`.
@@ -722,60 +730,8 @@ def convert_graphs(
     default on Linux); with another start method an indexable dataset is
     converted by this process alone. See :func:`shardflow.graph.pipeline.to_shards`
     for the short form.
+
+    ``spec``, when the dataset was built by :meth:`DatasetSpec.open`, names the
+    source in the manifest and lets workers not started by ``fork`` build it again.
     """
-    return _convert(dataset, dst, spec=None, field_name=field, options=options, progress=progress)
-
-
-# ------------------------------------------------------------------ command line
-
-
-def register_cli(kinds: argparse._SubParsersAction) -> None:
-    """Add ``shardflow convert pyg DATASET DST``."""
-    from ..cli.convert import add_shard_options
-
-    p = kinds.add_parser(
-        "pyg",
-        help="one sample per graph of a PyTorch Geometric dataset",
-        description=(
-            "Write one sample per graph: key = graph number (000000042), field graph.pyg (the graph's tensors "
-            "with exact dtypes and its attributes, safetensors + JSON, no pickle), plus a sizes index "
-            "(num_nodes, num_edges) for batching by a node budget. DATASET is 'module:callable', called with "
-            "--kwargs and --root: a PyG dataset class (torch_geometric.datasets:TUDataset --root data/TU "
-            "--kwargs '{\"name\": \"MUTAG\"}'), or a function returning a dataset, a list or a generator of "
-            "graphs. An indexable dataset is converted by --workers processes, each taking its own graphs; a "
-            "generator is encoded and written by this process alone."
-        ),
-    )
-    p.add_argument("dataset", metavar="DATASET", help="importable 'module:callable' (or 'module:object')")
-    p.add_argument("dst", metavar="DST", help="destination folder (local or fsspec URL)")
-    p.add_argument("--root", metavar="DIR", help="passed as root= (the dataset's folder)")
-    p.add_argument(
-        "--kwargs", metavar="JSON", default="{}", help='keyword arguments as a JSON object, e.g. \'{"name": "MUTAG"}\''
-    )
-    p.add_argument("--field", default=DEFAULT_FIELD, help=f"the graph's field name, ending in .pyg (default {DEFAULT_FIELD})")
-    add_shard_options(p)
-    p.set_defaults(func=_main)
-
-
-def _parse_kwargs(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--kwargs is not valid JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--kwargs must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _main(args: argparse.Namespace) -> int:
-    from ..cli.convert import options_from_args, report
-    from ..cli.progress import progress_bar
-
-    spec = DatasetSpec(args.dataset, _parse_kwargs(args.kwargs), args.root)
-    field_name = _check_field(args.field)  # before building the dataset (which may download)
-    options = options_from_args(args)
-    dataset = spec.open()
-    total = len(dataset) if _indexable(dataset) else None
-    with progress_bar("graphs", total=total, unit="graph") as bar:
-        manifest = _convert(dataset, args.dst, spec=spec, field_name=field_name, options=options, progress=bar)
-    return report(f"{manifest.num_samples} graphs of {spec.describe()} -> {len(manifest.shards)} shard(s) in {args.dst}")
+    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress)
