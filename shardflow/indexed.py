@@ -279,7 +279,7 @@ class IndexedShardDataset(Dataset):
                 f"{url}: sample {local} should span bytes [{start}, {end}) but the shard ends at byte "
                 f"{start + len(data)}; the shard is truncated or its offset index is stale (run `shardflow index`)"
             )
-        found = list(iter_samples([data], url, start, end=end))
+        found = list(iter_samples([data], url, start, end=end, limits=self.io.limits))
         if len(found) != 1:
             raise ManifestError(
                 f"{url}: bytes [{start}, {end}) hold {len(found)} samples instead of 1; the offset index does not "

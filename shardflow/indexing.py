@@ -46,7 +46,7 @@ def _index_one(url: str, out: str, io: storage.IOOptions) -> tuple[ShardInfo, di
             yield first
         yield from chunks
 
-    keys, offsets, fields = scan_shard(storage.decompressing_chunks(detect(raw), url), url)
+    keys, offsets, fields = scan_shard(storage.decompressing_chunks(detect(raw), url), url, limits=io.limits)
     for _ in raw:  # hash any bytes after the end-of-archive marker too
         pass
     name = url.rsplit("/", 1)[-1]

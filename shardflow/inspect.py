@@ -244,7 +244,7 @@ def head(
     out: list[dict[str, Any]] = []
     for url in src.urls:
         chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
-        it = iter_samples(chunks, url, 0, limit=n - len(out))
+        it = iter_samples(chunks, url, 0, limit=n - len(out), limits=io.limits)
         try:
             for key, _, fields in it:
                 out.append({"__key__": key, "__url__": url, **fields})
@@ -272,11 +272,11 @@ def _spread(src: Source, n: int, io: storage.IOOptions) -> list[dict[str, Any]]:
             for i in mine:
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 data = storage.read_range(url, lo, hi, io)
-                for key, _, fields in iter_samples([data], url, lo, end=hi):
+                for key, _, fields in iter_samples([data], url, lo, end=hi, limits=io.limits):
                     out.append({"__key__": key, "__url__": url, **fields})
             continue
         chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
-        it = iter_samples(chunks, url, 0, limit=mine[-1] + 1)
+        it = iter_samples(chunks, url, 0, limit=mine[-1] + 1, limits=io.limits)
         take = set(mine)
         try:
             for i, (key, _, fields) in enumerate(it):
@@ -346,7 +346,7 @@ def _add_graph(acc: dict[str, Any], rec: dict[str, Any]) -> None:
 def _scan_shard(task: _ScanTask, tick: _Ticker) -> _ScanResult:
     res = _ScanResult()
     raw = _HashingChunks(storage.open_chunks(task.url, 0, None, task.io))
-    it = iter_samples(storage.decompressing_chunks(raw, task.url), task.url, 0, sample_errors="yield")
+    it = iter_samples(storage.decompressing_chunks(raw, task.url), task.url, 0, sample_errors="yield", limits=task.io.limits)
     decode_options = DecodeOptions(image=None)
     try:
         for key, _, fields in it:
@@ -696,7 +696,7 @@ def _verify_shard(task: _VerifyTask, tick: _Ticker) -> _VerifyResult:
     starts: list[int] = []
     last_key: str | None = None
     raw = _HashingChunks(storage.open_chunks(url, 0, None, task.io))
-    it = iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield")
+    it = iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield", limits=task.io.limits)
     readable = True
     missing = False
     try:

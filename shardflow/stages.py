@@ -189,14 +189,14 @@ def _open_segment(
         raw = storage.open_chunks(url, lo, hi, io, check_size=check)
         return _Opened(raw, _seek_samples(raw, url, lo, hi, io))
     raw = storage.open_chunks(url, 0, None, io, check_size=check)
-    samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield")
+    samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield", limits=io.limits)
     return _Opened(raw, _from(samples, start) if start else samples)
 
 
 def _seek_samples(raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions) -> Iterator[Any]:
     """Samples of the tar bytes ``[lo, hi)``; a compressed shard gets an error that says so."""
     try:
-        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield")
+        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits)
     except ShardFormatError as e:
         try:
             compressed = storage.is_compressed(url, io)
@@ -216,7 +216,7 @@ def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
     """All samples of one shard (no manifest); streaming starts at once."""
     url = source.urls[shard]
     raw = storage.open_chunks(url, 0, None, io)
-    return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield"))
+    return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield", limits=io.limits))
 
 
 SEEK_GAP = 16  # unneeded samples read through rather than seeking over them (local files)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shardflow import IndexedShardDataset, ShardDataset
+from shardflow import IndexedShardDataset, IOOptions, ShardDataset
 from shardflow.errors import SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
@@ -277,8 +277,9 @@ def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for kind in ("zst", "gz"):
         out[kind] = root / f"bomb.tar.{kind}"
         _compress(out[kind], kind, GiB + 1, tail)  # declares (and holds) one byte over the default limit
-    out["big"] = root / "big.tar.gz"
-    _compress(out["big"], "gz", 256 * MiB, tail)  # under the limit: read, once
+    for kind in ("zst", "gz"):
+        out["big-" + kind] = root / f"big.tar.{kind}"
+        _compress(out["big-" + kind], kind, 256 * MiB, tail)  # under the limit: read, once
     return out
 
 
@@ -304,9 +305,9 @@ def peak_rss(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["gz"])
+@pytest.mark.parametrize("kind", ["zst", "gz"])
 def test_decompression_bomb_raise_is_fast_and_small(bombs: dict[str, Path], kind: str) -> None:
-    assert bombs[kind].stat().st_size < 2 * MiB  # a 32 KB .tar.zst, a ~1 MB .tar.gz
+    assert bombs[kind].stat().st_size < (64 << 10 if kind == "zst" else 2 * MiB)  # a 32 KB .tar.zst, a ~1 MB .tar.gz
     got = peak_rss(f"""
         ds = shardflow.ShardDataset({str(bombs[kind])!r}, decode=None)
         result["keys"] = [s["__key__"] for s in ds]
@@ -315,9 +316,10 @@ def test_decompression_bomb_raise_is_fast_and_small(bombs: dict[str, Path], kind
     assert got["peak"] < 64 * MiB  # bound: 64 MiB (it was 2.6 GB)
 
 
-def test_decompression_bomb_skip_streams_past_it(bombs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("kind", ["zst", "gz"])
+def test_decompression_bomb_skip_streams_past_it(bombs: dict[str, Path], kind: str) -> None:
     got = peak_rss(f"""
-        ds = shardflow.ShardDataset({str(bombs["gz"])!r}, decode=None, on_error="skip")
+        ds = shardflow.ShardDataset({str(bombs[kind])!r}, decode=None, on_error="skip")
         result["samples"] = [(s["__key__"], bytes(s["txt"]).decode()) for s in ds]
         result["stats"] = dict(ds.stats)
     """)
@@ -326,9 +328,10 @@ def test_decompression_bomb_skip_streams_past_it(bombs: dict[str, Path]) -> None
     assert got["peak"] < 64 * MiB  # bound: 64 MiB for a 1 GiB member skipped
 
 
-def test_big_member_is_held_once(bombs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("kind", ["zst", "gz"])
+def test_big_member_is_held_once(bombs: dict[str, Path], kind: str) -> None:
     got = peak_rss(f"""
-        ds = shardflow.ShardDataset({str(bombs["big"])!r}, decode=None)
+        ds = shardflow.ShardDataset({str(bombs["big-" + kind])!r}, decode=None)
         it = iter(ds)
         s = next(it)
         result["len"] = len(s["bin"])
@@ -340,3 +343,14 @@ def test_big_member_is_held_once(bombs: dict[str, Path]) -> None:
     assert got["len"] == 256 * MiB and got["zero"] and got["rest"] == ["000001"]
     # bound: 1.25x the member (held twice, as before, would be >= 2x = 512 MiB)
     assert got["peak"] < 320 * MiB, got["peak"] / MiB
+
+
+def test_the_member_limit_is_an_io_option(bombs: dict[str, Path]) -> None:
+    io = IOOptions(limits=Limits(max_member_bytes=64 * MiB))
+    ds = ShardDataset(bombs["big-zst"], decode=None, io=io, on_error="skip")
+    assert [(s["__key__"], bytes(s["txt"])) for s in ds] == [("000001", b"after the bomb")]
+    assert ds.stats["member_too_large"] == 1
+    with pytest.raises(SampleError, match=r"declares 268435456 bytes, over the limit of 67108864 bytes"):
+        keys(ShardDataset(bombs["big-zst"], decode=None, io=io))
+    with pytest.raises(TypeError, match="limits must be"):
+        IOOptions(limits={"max_member_bytes": 1})

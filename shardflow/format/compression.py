@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from shardflow.errors import ShardFormatError, TruncatedShardError, missing_dependency
 
@@ -11,8 +13,8 @@ __all__ = ["GZIP_MAGIC", "ZSTD_MAGIC", "decompressing_chunks"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_DECOMPRESS_OUT = 1 << 22  # bytes of decompressed output per yielded chunk (gzip)
-_ZSTD_IN = 1 << 17  # bytes of zstd input per decompress call, bounds the output size
+_DECOMPRESS_OUT = 1 << 22  # bytes of decompressed output per yielded chunk, at most
+_ZSTD_IN = 1 << 17  # bytes of zstd input the stream reader takes at a time
 
 
 def decompressing_chunks(chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
@@ -77,34 +79,128 @@ def _gunzip(head: bytes, chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
 
 
 def _unzstd(head: bytes, chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
+    """zstd frames out in chunks of at most :data:`_DECOMPRESS_OUT` bytes.
+
+    ``decompressobj().decompress`` returns all the output of its input at once
+    (128 KiB of a zstd bomb is gigabytes), so the stream reader is used, whose
+    ``read(n)`` is bounded; it does not tell a cut stream from a complete one,
+    so :class:`_ZstdFrames` walks the frame structure of the bytes it consumes.
+    """
     try:
         import zstandard
     except ImportError as exc:
         raise missing_dependency(
             "zstandard", "zstd", f"reading the zstd-compressed shard {url}"
         ) from exc
-    dctx = zstandard.ZstdDecompressor()
-    dec = dctx.decompressobj()
-    fed = False
+    frames = _ZstdFrames(url)
+    source = _ChunkFile(_prepend(head, chunks), frames.feed)
+    reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=_ZSTD_IN, read_across_frames=True)
     try:
-        for data in _prepend(head, chunks):
-            while data:
-                piece, data = data[:_ZSTD_IN], data[_ZSTD_IN:]
-                while piece:
-                    fed = True
-                    out = dec.decompress(piece)
-                    if out:
-                        yield out
-                    if dec.eof:
-                        piece = dec.unused_data
-                        dec = dctx.decompressobj()
-                        fed = False
-                    else:
-                        piece = b""
-        if fed and not dec.eof:
-            raise TruncatedShardError(f"{url}: zstd stream is truncated")
+        while True:
+            out = reader.read(_DECOMPRESS_OUT)
+            if not out:
+                break
+            yield out
     except zstandard.ZstdError as exc:
         raise ShardFormatError(f"{url}: corrupt zstd data: {exc}") from exc
+    if not frames.complete:
+        raise TruncatedShardError(f"{url}: zstd stream is truncated")
+
+
+class _ChunkFile(io.RawIOBase):
+    """A read-only file over a chunk iterator; every byte read is shown to ``watch`` first."""
+
+    def __init__(self, chunks: Iterator[bytes], watch: Callable[[memoryview], None]) -> None:
+        super().__init__()
+        self._chunks = chunks
+        self._watch = watch
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._buf = memoryview(chunk)
+            self._watch(self._buf)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+class _ZstdFrames:
+    """The frame structure of a zstd stream (RFC 8878 section 3), block headers only.
+
+    Fed the compressed bytes as they pass, it jumps over block contents and
+    tracks whether the stream ends between frames (``complete``).
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._skip = 0  # bytes of block content (or a skippable frame) still to pass
+        self._pending = b""  # header bytes collected so far
+        self._need = 4  # header bytes the current state needs
+        self._state = "magic"
+        self._checksum = False
+
+    @property
+    def complete(self) -> bool:
+        return self._state == "magic" and not self._skip and not self._pending
+
+    def feed(self, data: memoryview) -> None:
+        pos, n = 0, len(data)
+        while True:
+            if self._skip:
+                take = min(self._skip, n - pos)
+                self._skip -= take
+                pos += take
+                if self._skip:
+                    return
+            want = self._need - len(self._pending)
+            if n - pos < want:
+                self._pending += bytes(data[pos:])
+                return
+            field = self._pending + bytes(data[pos : pos + want])
+            pos += want
+            self._pending = b""
+            self._step(field)
+
+    def _step(self, field: bytes) -> None:
+        state = self._state
+        if state == "magic":
+            magic = int.from_bytes(field, "little")
+            if field == ZSTD_MAGIC:
+                self._state, self._need = "descriptor", 1
+            elif magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: 4-byte size, then content
+                self._state, self._need = "skippable", 4
+            else:
+                raise ShardFormatError(f"{self._url}: corrupt zstd data: no frame magic after a frame")
+        elif state == "skippable":
+            self._skip = int.from_bytes(field, "little")
+            self._state, self._need = "magic", 4
+        elif state == "descriptor":
+            fhd = field[0]
+            single = (fhd >> 5) & 1
+            fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+            self._checksum = bool((fhd >> 2) & 1)
+            rest = (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
+            self._state, self._need = ("header", rest) if rest else ("block", 3)
+        elif state == "header":
+            self._state, self._need = "block", 3
+        elif state == "block":
+            value = int.from_bytes(field, "little")
+            kind = (value >> 1) & 3
+            if kind == 3:
+                raise ShardFormatError(f"{self._url}: corrupt zstd data: reserved block type")
+            self._skip = 1 if kind == 1 else value >> 3
+            if value & 1:  # last block of the frame
+                self._state, self._need = ("checksum", 4) if self._checksum else ("magic", 4)
+        else:  # checksum
+            self._state, self._need = "magic", 4
 
 
 def _prepend(head: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:

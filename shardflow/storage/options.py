@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..format.limits import DEFAULT_LIMITS, Limits
+
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF"]
 
 MAX_BACKOFF = 10.0
@@ -32,6 +34,9 @@ class IOOptions:
         cache_dir: local directory caching whole remote shards, or ``None``.
         cache_limit: bytes; the cache evicts least recently used shards to stay
             below it. A shard larger than the limit is streamed uncached.
+        limits: bounds on what shard, index and manifest bytes may declare
+            (the largest member, graph, sample count; see
+            :class:`~shardflow.format.limits.Limits`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -41,6 +46,7 @@ class IOOptions:
     readahead: int = 2
     cache_dir: str | None = None
     cache_limit: int = 32 << 30
+    limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -55,6 +61,8 @@ class IOOptions:
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be a shardflow.format.limits.Limits, got {self.limits!r}")
         backoff = self.backoff
         if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
             raise TypeError(f"backoff must be a number of seconds, got {backoff!r}")
