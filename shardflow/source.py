@@ -18,7 +18,7 @@ import numpy as np
 
 from . import storage
 from .errors import ManifestError
-from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, decode_offsets, decode_sizes
+from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, decode_offsets, decode_sizes, manifest_from_journal
 from .urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
 __all__ = ["Source", "resolve_source", "load_manifest"]
@@ -168,6 +168,13 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
             murl = join_url(source, MANIFEST_NAME)
             if storage.exists(murl, options):
                 return _from_manifest(load_manifest(murl, options), murl)
+            journal = murl + JOURNAL_SUFFIX
+            if storage.exists(journal, options):
+                # a ShardWriter that never closed (killed): the shards it finished
+                manifest = manifest_from_journal(_read_all(journal, options), murl)
+                log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
+                            source, len(manifest.shards))
+                return _from_manifest(manifest, murl)
             found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
             if not found:
                 raise FileNotFoundError(f"{source}: no shardflow.json and no .tar shards in this folder")

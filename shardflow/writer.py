@@ -2,14 +2,20 @@
 
 :class:`ShardWriter` packs sample dicts into shards named by a ``%``-pattern,
 rotating by sample count and byte size. Each shard is written under a temporary
-name and appears at its final name only when complete; the manifest
-``shardflow.json`` beside the shards is rewritten (atomically) after every
-finished shard, so a crash at any point leaves a manifest that lists only
-complete shards.
+name and appears at its final name only when complete. The manifest
+``shardflow.json`` beside the shards is written once, atomically, when the writer
+closes (or aborts after an exception: it then lists the finished shards). While
+it runs, a local writer appends one line per finished shard to
+``shardflow.json.journal`` (constant cost per shard), so that a writer killed at
+any point leaves a journal that lists only complete shards; a dataset opened on
+a folder with a journal and no manifest replays it. A remote writer killed
+before closing leaves complete shards and no manifest (``shardflow index``
+writes one).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import posixpath
@@ -17,11 +23,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any, BinaryIO
 
+import fsspec
+
 from . import storage
 from .codecs import encode_field
 from .errors import SampleError
 from .format.keys import check_field, check_key
-from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets, fields_of
+from .format.manifest import (
+    JOURNAL_SUFFIX,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    encode_offsets,
+    fields_of,
+    journal_entry,
+    journal_header,
+)
 from .format.tar import END_OF_ARCHIVE, encode_sample
 from .graph import is_graph
 from .storage.urls import join_url, parent_url
@@ -242,6 +259,9 @@ class ShardWriter:
             self.manifest_url = manifest or None
         self.manifest = Manifest(shards=[], meta=dict(meta or {}))
         self._next = start_shard
+        self._journal: Any = None  # the open journal file (local destinations)
+        self._journal_meta: dict[str, Any] | None = None  # meta as of the journal's last line
+        self._started = False
         self._shard: ShardFile | None = None
         self._closed = False
         self.count = 0
@@ -278,6 +298,8 @@ class ShardWriter:
             self._finish_shard()
             shard = None
         if shard is None:
+            if not self._started:
+                self._start()
             url = self.pattern % self._next
             self._next += 1
             shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.options).__enter__()
@@ -293,13 +315,41 @@ class ShardWriter:
             return
         shard.__exit__(None, None, None)
         self.manifest.shards.append(shard.info)  # type: ignore[arg-type]
-        self.manifest.fields.update(fields_of(shard.fields))
-        self._write_manifest()
+        fields = fields_of(shard.fields)
+        self.manifest.fields.update(fields)
+        if self._journal is not None:
+            meta = None if self.manifest.meta == self._journal_meta else self.manifest.meta
+            self._journal.write(journal_entry(shard.info, fields, meta))  # type: ignore[arg-type]
+            self._journal.flush()
+            if meta is not None:
+                self._journal_meta = copy.deepcopy(meta)
         log.debug("finished shard %s (%d samples, %d bytes)", shard.url, shard.info.samples, shard.info.bytes)
 
+    def _start(self) -> None:
+        """Before the first shard: drop a manifest of an earlier run (its shards are about to be
+        replaced) and, at a local destination, start the journal."""
+        self._started = True
+        if not self.manifest_url:
+            return
+        fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.options.storage_options)
+        if fs.exists(path):
+            fs.rm_file(path)
+        if storage.is_local(self.manifest_url):
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self._journal = fs.open(path + JOURNAL_SUFFIX, "wb")
+            self._journal.write(journal_header(self.manifest.meta))
+            self._journal.flush()
+            self._journal_meta = copy.deepcopy(self.manifest.meta)
+
     def _write_manifest(self) -> None:
+        """The manifest, then the journal removed (the manifest now says what it said)."""
         if self.manifest_url:
             write_manifest(self.manifest_url, self.manifest, self.options)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+            fs, path = fsspec.core.url_to_fs(self.manifest_url + JOURNAL_SUFFIX)  # type: ignore[operator]
+            fs.rm_file(path)
 
     def close(self) -> Manifest:
         """Finish the current shard and write the manifest; returns it."""
@@ -310,11 +360,15 @@ class ShardWriter:
         return self.manifest
 
     def abort(self) -> None:
-        """Drop the shard in progress (nothing appears at its name); finished shards stay listed."""
+        """Drop the shard in progress (nothing appears at its name); the manifest lists the
+        finished shards (written only if there is one, or a journal was started)."""
         shard, self._shard = self._shard, None
         if shard is not None:
             shard.__exit__(SampleError, SampleError("aborted"), None)
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            if self.manifest.shards or self._journal is not None:
+                self._write_manifest()
 
     def write_all(self, samples: Iterable[Mapping[str, Any]]) -> Manifest:
         """Write every sample, then close."""

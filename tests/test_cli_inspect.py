@@ -206,3 +206,24 @@ def test_remote_dataset_without_manifest(capsys: pytest.CaptureFixture[str], req
         assert info["bytes"] == sum(fs.size(p) for p in fs.glob(root.split("://", 1)[1] + "/*.tar"))
     finally:
         fs.rm(root.split("://", 1)[1], recursive=True)
+
+
+def test_help_and_inspect_of_image_shards_do_not_import_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = write_images(tmp_path)
+    script = (
+        "import sys, contextlib, io\n"
+        "from shardflow.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"    code = main(['inspect', {str(folder)!r}])\n"
+        "print(code, 'samples   11' in out.getvalue(), 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.split() == ["0", "True", "False"]

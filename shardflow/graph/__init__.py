@@ -13,20 +13,29 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from shardflow.graph.codec import decode_graph, encode_graph
-from shardflow.graph.collate import collate_graphs
-
 __all__ = ["collate_graphs", "decode_graph", "encode_graph", "is_graph", "to_shards", "collate_fn", "GraphCollate", "graph_structure"]
 
-_PIPELINE = ("to_shards", "collate_fn", "GraphCollate", "graph_structure")
+# public name -> the submodule that defines it; imported on first use, so that
+# is_graph() (called by every ShardWriter.write) does not import torch
+_LAZY = {
+    "decode_graph": "codec",
+    "encode_graph": "codec",
+    "collate_graphs": "collate",
+    "to_shards": "pipeline",
+    "collate_fn": "pipeline",
+    "GraphCollate": "pipeline",
+    "graph_structure": "pipeline",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """``to_shards``, ``collate_fn``, ... from :mod:`shardflow.graph.pipeline`, imported on first use."""
-    if name in _PIPELINE:
-        from . import pipeline
+    """The names of :data:`__all__` from their submodules, imported on first use."""
+    if name in _LAZY:
+        import importlib
 
-        return getattr(pipeline, name)
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'shardflow.graph' has no attribute {name!r}")
 
 
