@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from . import stages, storage
-from .codecs import DecodeOptions
+from .codecs import DecodeOptions, preload
 from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, StateError
 from .expand import Expand
-from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized, worker_batches
+from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, shuffle_buffer, split_unsized, worker_batches
 from .source import Source, resolve_source
 from .state import STATE_VERSION, ResumePoint, build_state, check_state, decode_runs, encode_runs
 from .world import World, stable_seed
@@ -161,6 +161,7 @@ class ShardDataset(IterableDataset):
             self.decode = DecodeOptions(image=decode)
         if max_pixels is not None:
             self.decode = DecodeOptions(**{**asdict(self.decode or DecodeOptions(image=None)), "max_pixels": max_pixels})
+        preload(self.decode)  # here, once: DataLoader workers forked later inherit the decoders
         self.seed = int(seed)
         self.fields = tuple(fields) if fields is not None else None
         if isinstance(fields, str):
@@ -361,7 +362,7 @@ class ShardDataset(IterableDataset):
         return {
             "shards": h.hexdigest()[:16],
             "seed": self.seed,
-            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave],
+            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial],
             "partial": split.partial,
             "samples_per_epoch": split.samples_per_epoch,
             "batch_size": split.batch_size,
@@ -570,7 +571,9 @@ class ShardDataset(IterableDataset):
             items = stages.read_shards(shards, self.source, self.io, policy)
             if prepare is not None:
                 items = stages.expand_each(items, prepare, k)
-            items = stages.stream_shuffle(items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker))
+            items = shuffle_buffer(
+                items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker), self.shuffle.initial
+            )
             sizes = []
             if skip:
                 items = _skip(items, skip * (self._batching.batch_size if self._batching else 1))

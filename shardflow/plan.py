@@ -34,14 +34,16 @@ plus the declared padding (``partial="pad"``) or minus the declared drop.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
 from .errors import ShardflowError
 from .world import World, stable_seed
+
+T = TypeVar("T")
 
 __all__ = [
     "ShuffleConfig",
@@ -54,6 +56,7 @@ __all__ = [
     "worker_batches",
     "cost_batches",
     "buffer_shuffle_order",
+    "shuffle_buffer",
     "split_unsized",
 ]
 
@@ -67,15 +70,23 @@ class ShuffleConfig:
         buffer: shuffle buffer size in samples (0 or 1: off).
         interleave: shard segments a worker reads at once, round robin (1: one
             after the other).
+        initial: the buffer starts emitting once it holds this many samples
+            (at most ``buffer``) and then grows by one per emitted sample up to
+            ``buffer`` (as webdataset's ``shuffle(initial=...)``), so the first
+            batch does not wait for the whole buffer to fill.
     """
 
     shards: bool = True
     buffer: int = 1000
     interleave: int = 4
+    initial: int = 100
 
     def __post_init__(self) -> None:
-        if self.buffer < 0 or self.interleave < 1:
-            raise ValueError(f"shuffle buffer must be >= 0 and interleave >= 1, got {self.buffer}, {self.interleave}")
+        if self.buffer < 0 or self.interleave < 1 or self.initial < 1:
+            raise ValueError(
+                "shuffle buffer must be >= 0, interleave >= 1 and initial >= 1, got "
+                f"{self.buffer}, {self.interleave}, {self.initial}"
+            )
 
     @classmethod
     def off(cls) -> ShuffleConfig:
@@ -286,59 +297,126 @@ def _positions_to_segments(
     return out
 
 
-def buffer_shuffle_order(n: int, buffer: int, seed: int) -> np.ndarray:
-    """Emission order of a shuffle buffer over ``n`` items read in order.
+def shuffle_buffer(items: Iterable[T], buffer: int, seed: int, initial: int = 100) -> Iterator[T]:
+    """Pass items through a seeded shuffle buffer (the webdataset ``shuffle`` stage, made exact).
 
-    The buffer fills to ``buffer`` items; then each item read replaces a
-    uniformly chosen buffered item, which is emitted; at the end the rest is
-    emitted in random order (the webdataset ``shuffle`` stage, made exact).
+    The buffer fills to ``min(initial, buffer)`` items before the first item
+    leaves; while it holds fewer than ``buffer``, each step reads two items and
+    emits one (so it grows by one per emitted item); once full, each step reads
+    one and emits one. An emitted item is chosen uniformly among the buffered
+    ones. At the end the rest leaves in random order. ``buffer <= 1``: items
+    pass unchanged. Same ``(items, buffer, seed, initial)``, same output.
+    """
+    if buffer <= 1:
+        yield from items
+        return
+    rand = random.Random(seed).random
+    initial = min(initial, buffer)
+    it = iter(items)
+    buf: list[T] = []
+    more = True
+    while True:
+        if more:
+            for _ in range(1 if len(buf) >= buffer - 1 else 2):
+                try:
+                    buf.append(next(it))
+                except StopIteration:
+                    more = False
+                    break
+            if more and len(buf) < initial:
+                continue
+        if not buf:
+            return
+        j = int(rand() * len(buf))
+        out = buf[j]
+        buf[j] = buf[-1]
+        buf.pop()
+        yield out
+
+
+def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> np.ndarray:
+    """Emission order of :func:`shuffle_buffer` over ``n`` items read in order.
 
     Returns:
         int64 array, a permutation of ``range(n)``; identity when ``buffer <= 1``.
     """
     if buffer <= 1 or n <= 1:
         return np.arange(n, dtype=np.int64)
-    rng = random.Random(seed)
-    rand = rng.random
+    # shuffle_buffer(range(n), ...) written out for ints, 3x faster (it runs in every
+    # worker before its first batch): the filling and growing steps, then the steady
+    # state where the buffer holds `buffer - 1` items between steps
+    rand = random.Random(seed).random
+    initial = min(initial, buffer)
     buf: list[int] = []
     out: list[int] = []
-    for i in range(n):
-        if len(buf) < buffer:
+    emit = out.append
+    i = size = 0
+    while i < n and size < buffer - 1 or (size < initial and i < n):
+        buf.append(i)
+        i += 1
+        size += 1
+        if size < buffer and i < n:
             buf.append(i)
+            i += 1
+            size += 1
+        if size < initial and i < n:
             continue
+        j = int(rand() * size)
+        emit(buf[j])
+        buf[j] = buf[-1]
+        buf.pop()
+        size -= 1
+    last = buffer - 1
+    for i in range(i, n):  # steady: the new item joins `buffer - 1`, one of the `buffer` leaves
         j = int(rand() * buffer)
-        out.append(buf[j])
-        buf[j] = i
-    rng.shuffle(buf)
-    out.extend(buf)
+        if j == last:
+            emit(i)
+        else:
+            emit(buf[j])
+            buf[j] = i
+    while buf:
+        j = int(rand() * len(buf))
+        emit(buf[j])
+        buf[j] = buf[-1]
+        buf.pop()
     return np.asarray(out, dtype=np.int64)
 
 
 def _interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read order that takes one sample from each of ``ways`` open segments in turn."""
-    seg_ids: list[int] = []
-    samples: list[int] = []
+    """Read order that takes one sample from each of ``ways`` open segments in turn.
+
+    Round robin over the open segments; a segment that ends is replaced, at the
+    start of the next round, by the next one in order. Computed a stretch of
+    rounds at a time (until the next segment ends) with numpy: this runs in
+    every worker before its first batch.
+    """
+    if not segments:
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
     if ways <= 1:
-        for s_id, seg in enumerate(segments):
-            seg_ids.extend([s_id] * len(seg))
-            samples.extend(range(seg.start, seg.stop))
-    else:
-        pending = list(range(len(segments)))[::-1]
-        active: list[list[int]] = []  # [segment id, next sample]
-        while pending or active:
-            while pending and len(active) < ways:
-                s_id = pending.pop()
-                active.append([s_id, segments[s_id].start])
-            keep = []
-            for slot in active:
-                s_id, nxt = slot
-                seg_ids.append(s_id)
-                samples.append(nxt)
-                slot[1] = nxt + 1
-                if slot[1] < segments[s_id].stop:
-                    keep.append(slot)
-            active = keep
-    return np.asarray(seg_ids, dtype=np.int32), np.asarray(samples, dtype=np.int64)
+        lengths = np.asarray([len(seg) for seg in segments], dtype=np.int64)
+        seg_ids = np.repeat(np.arange(len(segments), dtype=np.int32), lengths)
+        starts = np.asarray([seg.start for seg in segments], dtype=np.int64)
+        offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return seg_ids, np.repeat(starts, lengths) + offsets
+    seg_parts: list[np.ndarray] = []
+    sample_parts: list[np.ndarray] = []
+    pending = 0
+    active: list[list[int]] = []  # [segment id, next sample, samples left]
+    while pending < len(segments) or active:
+        while pending < len(segments) and len(active) < ways:
+            seg = segments[pending]
+            active.append([pending, seg.start, max(seg.stop - seg.start, 1)])
+            pending += 1
+        rounds = min(slot[2] for slot in active)
+        ids = np.asarray([slot[0] for slot in active], dtype=np.int32)
+        nxt = np.asarray([slot[1] for slot in active], dtype=np.int64)
+        seg_parts.append(np.tile(ids, rounds))
+        sample_parts.append((nxt[None, :] + np.arange(rounds, dtype=np.int64)[:, None]).ravel())
+        for slot in active:
+            slot[1] += rounds
+            slot[2] -= rounds
+        active = [slot for slot in active if slot[2] > 0]
+    return np.concatenate(seg_parts), np.concatenate(sample_parts)
 
 
 def _rank_order(
@@ -353,7 +431,7 @@ def _rank_order(
         base += epoch * world_size * n
     segments = _positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
     read_segment, read_sample = _interleave(segments, shuffle.interleave)
-    emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank))
+    emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank), shuffle.initial)
     return segments, read_segment, read_sample, emit, share
 
 

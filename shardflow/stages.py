@@ -572,27 +572,6 @@ def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], li
             yield from items
 
 
-def stream_shuffle(items: Iterator[Sample | None], buffer: int, seed: int) -> Iterator[Sample | None]:
-    """Shuffle a stream of unknown length through a buffer (same rule as
-    :func:`shardflow.plan.buffer_shuffle_order`)."""
-    if buffer <= 1:
-        yield from items
-        return
-    import random
-
-    rng = random.Random(seed)
-    buf: list[Sample | None] = []
-    for item in items:
-        if len(buf) < buffer:
-            buf.append(item)
-            continue
-        j = int(rng.random() * buffer)
-        out, buf[j] = buf[j], item
-        yield out
-    rng.shuffle(buf)
-    yield from buf
-
-
 def _wanted(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
     return [(f.split(";")[0], f.split(";")) for f in fields]
 

@@ -718,3 +718,87 @@ def test_png_round_trip_property(array):
     chw = torch.from_numpy(array).permute(2, 0, 1)
     tensor = decode_image(encode_image(chw, "png"), "torch", mode=mode)
     torch.testing.assert_close(tensor, chw.contiguous())
+
+
+# --------------------------------------------------------------------------------------------
+# the optional simplejpeg decoder (jpeg_decoder="simplejpeg")
+
+
+def _jpeg(array: np.ndarray, **save: object) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def _photo_jpegs() -> list[tuple[str, bytes]]:
+    out = []
+    for k, photo in enumerate(sklearn.datasets.load_sample_images().images):
+        photo = np.asarray(photo)
+        for quality in (50, 75, 90, 95):
+            for subsampling in (0, 1, 2):  # 4:4:4, 4:2:2, 4:2:0
+                crop = photo[17 * quality % 90 :][:350, :400]
+                out.append((f"photo{k} q{quality} s{subsampling}", _jpeg(crop, quality=quality, subsampling=subsampling)))
+        out.append((f"photo{k} progressive", _jpeg(photo[:333, :401], quality=85, progressive=True)))
+        out.append((f"photo{k} grey", _jpeg(np.ascontiguousarray(photo[:64, :64, 1]))))
+        out.append((f"photo{k} 64x64", _jpeg(np.ascontiguousarray(photo[100:164, 200:264]), quality=90)))
+        out.append((f"photo{k} odd size", _jpeg(np.ascontiguousarray(photo[:37, :53]), quality=90)))
+    return out
+
+
+def test_simplejpeg_pixels_equal_pillows():
+    """simplejpeg and Pillow both run libjpeg-turbo with the accurate integer DCT and fancy
+    upsampling: on these 32 JPEGs (4:4:4/4:2:2/4:2:0, qualities 50-95, progressive, grey,
+    odd sizes) every pixel is equal. Measured, not assumed: the maximum difference is asserted."""
+    pytest.importorskip("simplejpeg")
+    diffs = {}
+    for name, data in _photo_jpegs():
+        fast = decode_image(data, "numpy", jpeg_decoder="simplejpeg")
+        slow = decode_image(data, "numpy")
+        assert fast.shape == slow.shape and fast.dtype == np.uint8, name
+        diffs[name] = int(np.abs(fast.astype(np.int16) - slow.astype(np.int16)).max())
+        torch.testing.assert_close(decode_image(data, "torch", jpeg_decoder="simplejpeg"), torch.from_numpy(fast).permute(2, 0, 1).contiguous())
+    assert len(diffs) == 32 and max(diffs.values()) == 0, diffs
+
+
+def test_simplejpeg_leaves_to_pillow_what_it_cannot_do_the_same(china_jpg):
+    pytest.importorskip("simplejpeg")
+    raw = np.asarray(Image.open(io.BytesIO(china_jpg)).convert("RGB"))[:40, :60]
+    # EXIF orientation: Pillow applies it (the fast path would return the stored order)
+    oriented = with_exif_orientation(raw, 6, "JPEG")
+    out = decode_image(oriented, "numpy", jpeg_decoder="simplejpeg")
+    assert out.shape == (60, 40, 3)
+    np.testing.assert_array_equal(out, decode_image(oriented, "numpy"))
+    assert decode_image(oriented, "numpy", exif_transpose=False, jpeg_decoder="simplejpeg").shape == (40, 60, 3)
+    # CMYK JPEG: Pillow's conversion, not libjpeg's
+    cmyk = io.BytesIO()
+    Image.fromarray(raw).convert("CMYK").save(cmyk, "JPEG")
+    np.testing.assert_array_equal(decode_image(cmyk.getvalue(), "numpy", jpeg_decoder="simplejpeg"),
+                                  decode_image(cmyk.getvalue(), "numpy"))
+    # the "pil" form and other modes are Pillow's
+    assert isinstance(decode_image(china_jpg, "pil", jpeg_decoder="simplejpeg"), Image.Image)
+    assert decode_image(china_jpg, "numpy", mode="L", jpeg_decoder="simplejpeg").shape[2] == 1
+    # corrupt data: Pillow's error, as DecodeError
+    with pytest.raises(DecodeError):
+        decode_image(china_jpg[: len(china_jpg) // 3], "numpy", jpeg_decoder="simplejpeg")
+    # the pixel limit holds before any pixel is decoded
+    with pytest.raises(DecodeError, match="exceeds max_pixels=100"):
+        decode_image(china_jpg, "numpy", max_pixels=100, jpeg_decoder="simplejpeg")
+    with pytest.raises(ValueError, match="jpeg_decoder"):
+        decode_image(china_jpg, "numpy", jpeg_decoder="turbo")
+
+
+def test_simplejpeg_option_through_a_dataset(tmp_path):
+    pytest.importorskip("simplejpeg")
+    import shardflow
+
+    jpegs = [data for _, data in _photo_jpegs()[:6]]
+    with shardflow.ShardWriter(str(tmp_path / "t-%06d.tar"), max_count=4) as w:
+        for i, data in enumerate(jpegs):
+            w.write({"__key__": f"s{i}", "jpg": data, "cls": i})
+    fast = list(shardflow.ShardDataset(str(tmp_path), decode=shardflow.DecodeOptions(jpeg_decoder="simplejpeg")))
+    slow = list(shardflow.ShardDataset(str(tmp_path), decode="numpy"))
+    assert [s["cls"] for s in fast] == list(range(6))
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a["jpg"], b["jpg"])
+    with pytest.raises(ValueError, match="jpeg_decoder must be"):
+        shardflow.DecodeOptions(jpeg_decoder="turbo")

@@ -21,6 +21,7 @@ from shardflow.plan import (
     ShuffleConfig,
     SplitConfig,
     buffer_shuffle_order,
+    shuffle_buffer,
     plan_epoch,
     rank_share,
     shard_order,
@@ -62,7 +63,8 @@ def test_shard_order_exact_and_per_epoch():
 
 
 def test_buffer_order_exact():
-    assert buffer_shuffle_order(10, 4, 0).tolist() == [3, 4, 1, 6, 2, 7, 0, 5, 9, 8]
+    assert buffer_shuffle_order(10, 4, 0).tolist() == [3, 4, 1, 5, 2, 6, 9, 0, 7, 8]
+    assert buffer_shuffle_order(10, 4, 0, initial=2).tolist() == [1, 3, 2, 5, 4, 6, 9, 0, 7, 8]
     assert buffer_shuffle_order(10, 0, 0).tolist() == list(range(10))
     assert buffer_shuffle_order(10, 1, 0).tolist() == list(range(10))
 
@@ -269,3 +271,20 @@ def test_split_unsized_partitions_the_shards(num_shards, w, k, seed, epoch, shuf
     assert sorted(flat) == list(range(num_shards))
     per_rank = [sum(len(streams[r * k + i]) for i in range(k)) for r in range(w)]
     assert max(per_rank) - min(per_rank) <= 1 and min(per_rank) >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 400), buffer=st.integers(0, 80), initial=st.integers(1, 100), seed=st.integers(0, 2**32))
+def test_shuffle_buffer_starts_early_and_grows(n, buffer, initial, seed):
+    order = buffer_shuffle_order(n, buffer, seed, initial)
+    assert order.tolist() == list(shuffle_buffer(range(n), buffer, seed, initial))  # one rule, two forms
+    assert sorted(order.tolist()) == list(range(n))
+    if buffer > 1 and n:
+        assert order[0] <= max(min(initial, buffer), 2)  # the first item leaves after a fill of `initial` (+1)
+        assert all(item < p + buffer for p, item in enumerate(order.tolist()))  # at most `buffer` held back
+
+
+def test_first_batch_needs_a_small_fill_only():
+    order = buffer_shuffle_order(20_000, 1000, 5)  # initial 100
+    assert int(order[:64].max()) < 100 + 2 * 64  # the first batch of 64 needs ~230 samples read, not 1,000
+    assert int(order[:64].max()) >= 64

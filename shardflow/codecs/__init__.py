@@ -32,6 +32,7 @@ __all__ = [
     "known_extensions",
     "encode_field",
     "decode_field",
+    "preload",
     "IMAGE_FORMS",
 ]
 
@@ -52,18 +53,47 @@ class DecodeOptions:
             ``PIL.ImageOps.exif_transpose``).
         allow_pickle: decode ``pth``/``pt``/``pickle``/``pkl`` fields. Off by
             default: unpickling untrusted data runs arbitrary code.
+        jpeg_decoder: ``"pillow"`` (default) or ``"simplejpeg"``, the faster
+            libjpeg-turbo decoder for JPEGs decoded to RGB arrays or tensors
+            (``pip install shardflow[jpeg]``; same pixels as Pillow in the tests;
+            see :func:`shardflow.codecs.image.decode_image` for what still goes
+            through Pillow).
     """
 
     image: str | None = "numpy"
     max_pixels: int | None = 178_956_970
     exif_transpose: bool = True
     allow_pickle: bool = False
+    jpeg_decoder: str = "pillow"
 
     def __post_init__(self) -> None:
         if self.image is not None and self.image not in IMAGE_FORMS:
             raise ValueError(f"image form must be one of {IMAGE_FORMS} or None, got {self.image!r}")
         if self.max_pixels is not None and self.max_pixels <= 0:
             raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
+        if self.jpeg_decoder not in ("pillow", "simplejpeg"):
+            raise ValueError(f"jpeg_decoder must be 'pillow' or 'simplejpeg', got {self.jpeg_decoder!r}")
+        if self.jpeg_decoder == "simplejpeg":
+            try:
+                import simplejpeg  # noqa: F401
+            except ImportError as e:
+                raise ImportError(
+                    "jpeg_decoder='simplejpeg' needs simplejpeg: pip install 'shardflow[jpeg]'"
+                ) from e
+
+
+def preload(options: DecodeOptions | None) -> None:
+    """Import the decoders ``options`` will use, now.
+
+    A dataset calls this when it is built, so that DataLoader workers forked
+    later inherit the loaded modules (Pillow and its plugins) instead of each
+    importing them before its first batch.
+    """
+    if options is None or options.image is None:
+        return
+    from . import image
+
+    image.Image.preinit()
 
 
 Encoder = Callable[[Any, str], bytes]
@@ -220,7 +250,13 @@ def _dec_image(data: bytes, options: DecodeOptions) -> Any:
         return data
     from .image import decode_image
 
-    return decode_image(data, options.image, max_pixels=options.max_pixels, exif_transpose=options.exif_transpose)
+    return decode_image(
+        data,
+        options.image,
+        max_pixels=options.max_pixels,
+        exif_transpose=options.exif_transpose,
+        jpeg_decoder=options.jpeg_decoder,
+    )
 
 
 def _enc_graph(value: Any, ext: str) -> bytes:
