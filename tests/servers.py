@@ -427,6 +427,7 @@ class DroppingProxy:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.drops = 0
+        self.sent = 0  # bytes forwarded from the target to clients
         self._budget: int | None = None
         self._hold = False
         self._released = threading.Event()
@@ -476,6 +477,7 @@ class DroppingProxy:
                                 self.drops += 1
                             else:
                                 self._budget -= len(data)
+                        self.sent += len(data)
                 dst.sendall(data)
                 if cut:
                     if self._hold:

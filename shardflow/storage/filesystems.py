@@ -18,7 +18,8 @@ from .options import IOOptions
 from .urls import LOCAL_PROTOCOLS, protocol
 
 # pip extra of shardflow that installs each protocol's filesystem
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
+           "http": "http", "https": "http"}
 # Keys of ``fs.info()`` that identify one version of an object.
 _VERSION_KEYS = (
     "size",

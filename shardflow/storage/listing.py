@@ -37,19 +37,28 @@ def list_glob(pattern: str, options: IOOptions = DEFAULT_OPTIONS, *, canonical: 
         fs.invalidate_cache()
     matches = fs.glob(path)
     if canonical:
-        return sorted(matches if "://" not in pattern else (fs.unstrip_protocol(m) for m in matches))
+        if "://" not in pattern:
+            return sorted(matches)
+        return sorted(_same_scheme(fs.unstrip_protocol(m), proto, fs) for m in matches)
     if is_http(fs):
         return sorted(matches)
     rest = pattern.split("://", 1)[1]
     out = []
     for match in matches:
-        if "://" in match:
-            out.append(match)
-            continue
+        if "://" in match:  # adlfs names az:// matches abfs://: keep the pattern's scheme
+            match = match.split("://", 1)[1]
         if match.startswith("/") and not rest.startswith("/"):
             match = match.lstrip("/")
         out.append(f"{proto}://{match}")
     return sorted(out)
+
+
+def _same_scheme(url: str, proto: str, fs) -> str:
+    """``url`` under the scheme the user wrote when it is one of ``fs``'s own
+    (adlfs names ``az://`` objects ``abfs://``)."""
+    scheme, sep, rest = url.partition("://")
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return f"{proto}://{rest}" if sep and scheme != proto and proto in protocols else url
 
 
 def expand_urls(source: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
