@@ -20,8 +20,8 @@ from typing import Any
 
 from ..config import PipelineConfig, load_config, loader_from_config
 from ..errors import missing_dependency
-from ..inspect import human_bytes
 from .progress import progress_bar
+from .units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,10 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from ..inspect import human_bytes, summarize
+from ..inspect import summarize
 from ..storage import IOOptions
-from .progress import progress_bar
-from .verify import _total_samples
+from .progress import progress_bar, total_samples
+from .units import human_bytes
 
 _META_WIDTH = 100  # characters of each meta value shown (``--json`` has them whole)
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from .convert import storage_options
 
     io = IOOptions(storage_options=storage_options(args.storage_option))
-    with progress_bar("scanning", total=_total_samples(args.url, io), unit="sample") as update:
+    with progress_bar("scanning", total=total_samples(args.url, io), unit="sample") as update:
         info = summarize(
             args.url, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,
             workers=args.workers, io=io, progress=update,

@@ -10,6 +10,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..storage import IOOptions
 
 
 @contextmanager
@@ -22,3 +26,12 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> Itera
 
     with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr) as bar:
         yield bar.update
+
+
+def total_samples(url: str, io: IOOptions) -> int | None:
+    """The number of samples of a dataset, for a bar's total: from its manifest, or
+    None when there is none (the bar then counts without an end)."""
+    from ..source import resolve_source
+
+    counts = resolve_source(url, io).counts
+    return int(counts.sum()) if counts is not None else None

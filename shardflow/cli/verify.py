@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..inspect import human_bytes, verify
+from ..inspect import verify
 from ..storage import IOOptions
-from .progress import progress_bar
+from .progress import progress_bar, total_samples
+from .units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,18 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _total_samples(url: str, io: IOOptions) -> int | None:
-    from ..source import resolve_source
-
-    counts = resolve_source(url, io).counts
-    return int(counts.sum()) if counts is not None else None
-
-
 def run(args: argparse.Namespace) -> int:
     from .convert import storage_options
 
     io = IOOptions(storage_options=storage_options(args.storage_option))
-    with progress_bar("verifying", total=_total_samples(args.url, io), unit="sample") as update:
+    with progress_bar("verifying", total=total_samples(args.url, io), unit="sample") as update:
         report = verify(
             args.url, decode=not args.no_decode, uniform_fields=not args.mixed_fields,
             workers=args.workers, io=io, progress=update,
