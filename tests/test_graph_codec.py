@@ -24,7 +24,8 @@ from torch_geometric.data import Batch, Data, HeteroData, InMemoryDataset  # noq
 
 from shardflow.errors import DecodeError, SampleError, ShardflowError  # noqa: E402
 from shardflow.graph import decode_graph, encode_graph, is_graph  # noqa: E402
-from shardflow.graph.codec import SCHEMA_KEY, _tensor_from_bytes, stored_rules  # noqa: E402
+from shardflow.graph.codec import SCHEMA_KEY, stored_rules  # noqa: E402
+from shardflow.graph.decode import _tensor_from_bytes  # noqa: E402
 
 DTYPES = [
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool,

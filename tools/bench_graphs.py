@@ -219,7 +219,7 @@ def step_profile(work: str) -> dict:
         return sum(v[2] for (f, _, _), v in stats.items() if any(x in f for x in fragments))
 
     parts = {
-        "decode_graph (safetensors parse + Data)": cum("shardflow/graph/codec.py", "decode_graph"),
+        "decode_graph (safetensors parse + Data)": cum("shardflow/graph/decode.py", "decode_graph"),
         "collate_graphs (Batch)": cum("shardflow/graph/collate.py", "collate_graphs"),
         "tar parse (shardflow/format/tar.py)": own("shardflow/format/tar.py"),
         "file reads (shardflow/storage/, builtin read)": own("shardflow/storage/")

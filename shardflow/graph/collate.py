@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from shardflow.errors import SampleError
-from shardflow.graph.codec import _DEFAULT, _RULES_ATTR, _import_pyg, _rule_classes
+from shardflow.graph.rules import DEFAULT_RULE, RULES_ATTR, import_pyg, rule_classes
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def collate_graphs(
             or node/edge types (see the policy above), or an attribute cannot be
             concatenated across graphs (for example mismatched feature sizes).
     """
-    pyg = _import_pyg("collating graphs")
+    pyg = import_pyg("collating graphs")
     graphs = graphs if isinstance(graphs, list) else list(graphs)
     if not graphs:
         raise SampleError("cannot collate an empty list of graphs")
@@ -86,7 +86,7 @@ def collate_graphs(
     first = graphs[0]
     cls = type(first)
     batch = None
-    if (cls is pyg.Data or cls is _rule_classes()["StoredRulesData"]) and all(
+    if (cls is pyg.Data or cls is rule_classes()["StoredRulesData"]) and all(
         type(g) is cls for g in graphs
     ):
         try:
@@ -234,7 +234,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
     names = list(mappings[0])
     if any("batch" in name or name == "ptr" for name in names):
         return None  # data-dependent increments / PyG's own batch vectors
-    rules = None if plain else [g.__dict__.get(_RULES_ATTR) or {} for g in graphs]
+    rules = None if plain else [g.__dict__.get(RULES_ATTR) or {} for g in graphs]
     n = len(graphs)
     num_nodes = [_num_nodes(g, s, m, plain) for g, s, m in zip(graphs, stores, mappings)]
 
@@ -282,7 +282,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
                 return None
             cat_dim, by_num_nodes = _default_rule(name)
             rule = rules[0].get((None, name)) if rules is not None else None
-            if rule is not None and rule[0] != _DEFAULT:
+            if rule is not None and rule[0] != DEFAULT_RULE:
                 cat_dim = rule[0]
             repeats = repeats_for(name, by_num_nodes)
             if repeats is None:
