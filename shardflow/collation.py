@@ -1,17 +1,25 @@
-"""Collating samples into batches.
+"""Collating samples into batches: :func:`collate`, the loader's default ``collate_fn``.
 
 A batch of dict samples is a dict with the same keys: numbers and equal-shape
 arrays or tensors are stacked into tensors (numpy arrays become tensors via
 ``torch.from_numpy``), PyTorch Geometric graphs become one ``Batch`` (the rules
-of ``Batch.from_data_list``), strings (``__key__`` and ``__url__`` among them),
-bytes, PIL images and anything else become lists. Tuples and lists of equal
-length are collated position by position.
+of ``Batch.from_data_list``, with its ``follow_batch`` and ``exclude_keys``
+options), strings (``__key__`` and ``__url__`` among them), bytes, PIL images and
+anything else become lists. Tuples and lists of equal length are collated
+position by position. A list of graphs (samples that a ``transform`` turned into
+graphs) becomes one ``Batch``.
+
+For a loader with PyG's options, pass a :class:`Collate` (picklable, so it reaches
+DataLoader workers under any start method)::
+
+    shardflow.loader(ds, batch_size=64, collate_fn=Collate(follow_batch=["x"]))
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,34 +27,128 @@ import torch
 
 from .errors import SampleError
 
-__all__ = ["collate"]
+__all__ = ["Collate", "collate"]
 
 
-def _collate_values(name: str, values: list[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, torch.Tensor):
-        if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
-            return torch.stack(values)
-        return values
-    if isinstance(first, np.ndarray) and first.dtype != object:
-        if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
-            return torch.from_numpy(np.stack(values))
-        return values
-    if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in values):
-        return torch.tensor(values, dtype=torch.bool)
-    if isinstance(first, numbers.Integral) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
-        return torch.tensor(values, dtype=torch.int64)
-    if isinstance(first, numbers.Real) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
-        return torch.tensor(values, dtype=torch.float64)
-    if isinstance(first, Mapping):
-        return collate(values)
-    if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
-        return tuple(_collate_values(f"{name}[{i}]", list(col)) for i, col in enumerate(zip(*values)))
-    if _is_graph(first):
-        from .graph import collate_graphs
+def collate(
+    samples: Sequence[Any],
+    *,
+    follow_batch: Iterable[str] | None = None,
+    exclude_keys: Iterable[str] | None = None,
+) -> Any:
+    """Collate a list of samples into one batch.
 
-        return collate_graphs(values)
-    return list(values)
+    Args:
+        samples: dicts with the same keys (or tuples, tensors, graphs, ...).
+        follow_batch: graph attributes that also get ``<attr>_batch`` (int64, the
+            graph index of every element along the concatenation dimension) and
+            ``<attr>_ptr`` (int64, ``num_graphs + 1`` offsets), as in
+            ``Batch.from_data_list``.
+        exclude_keys: graph attributes left out of the batch.
+
+    Returns:
+        For dicts, ``{key: collated values}``; see the module docstring for
+        the rule per value type.
+
+    Raises:
+        SampleError: the dict samples do not all have the same keys (names the
+            key and the sample lacking or adding it), or graphs of one batch
+            differ in attributes, node or edge types, or cannot be concatenated
+            (names the field, the sample keys and shards at fault and the
+            attribute or type).
+        ValueError: an empty list.
+        TypeError: ``follow_batch`` or ``exclude_keys`` is a str.
+    """
+    return Collate(follow_batch or (), exclude_keys or ())(samples)
+
+
+@dataclass(frozen=True)
+class Collate:
+    """:func:`collate` with its options bound: a picklable ``collate_fn`` for
+    :func:`shardflow.loader`.
+
+    Attributes:
+        follow_batch: graph attributes that also get ``<attr>_batch`` and
+            ``<attr>_ptr`` (see :func:`collate`).
+        exclude_keys: graph attributes left out of the batch.
+
+    Raises (when called): as :func:`collate`.
+    """
+
+    follow_batch: tuple[str, ...] = ()
+    exclude_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("follow_batch", "exclude_keys"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"{name} must be a sequence of attribute names, e.g. ['x'], not a str")
+            object.__setattr__(self, name, tuple(value or ()))
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        if not samples:
+            raise ValueError("cannot collate an empty list of samples")
+        samples = samples if isinstance(samples, list) else list(samples)
+        first = samples[0]
+        if _is_graph(first):
+            return self._graphs("graphs", samples, samples)
+        if isinstance(first, Mapping):
+            return self._dicts(samples, samples)
+        return self._values("sample", samples, samples)
+
+    def _dicts(self, samples: list[Any], values: list[Any]) -> dict[str, Any]:
+        """``values`` are dicts (``samples`` or the values of one of their fields)."""
+        first = values[0]
+        keys = list(first.keys())
+        keyset = set(keys)
+        for s in values[1:]:
+            if not isinstance(s, Mapping) or s.keys() != keyset:
+                found = set(s.keys()) if isinstance(s, Mapping) else set()
+                extra = sorted(found - keyset)
+                missing = sorted(keyset - found)
+                key = s.get("__key__", "?") if isinstance(s, Mapping) else "?"
+                raise SampleError(
+                    f"cannot collate sample {key!r} with {first.get('__key__', '?')!r}: "
+                    f"fields missing {missing}, extra {extra}; select fields with `fields=` so samples agree"
+                )
+        return {k: self._values(f"field {k!r}", samples, [v[k] for v in values]) for k in keys}
+
+    def _values(self, what: str, samples: list[Any], values: list[Any]) -> Any:
+        """Collate ``values``, one per sample of ``samples`` (named in errors as ``what``)."""
+        first = values[0]
+        if isinstance(first, torch.Tensor):
+            if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+                return torch.stack(values)
+            return values
+        if isinstance(first, np.ndarray) and first.dtype != object:
+            if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+                return torch.from_numpy(np.stack(values))
+            return values
+        if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in values):
+            return torch.tensor(values, dtype=torch.bool)
+        if isinstance(first, numbers.Integral) and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values
+        ):
+            return torch.tensor(values, dtype=torch.int64)
+        if isinstance(first, numbers.Real) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            return torch.tensor(values, dtype=torch.float64)
+        if isinstance(first, Mapping):
+            return self._dicts(samples, values)
+        if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
+            return tuple(self._values(f"{what}[{i}]", samples, list(col)) for i, col in enumerate(zip(*values)))
+        if _is_graph(first):
+            return self._graphs(what, samples, values)
+        return list(values)
+
+    def _graphs(self, what: str, samples: list[Any], graphs: list[Any]) -> Any:
+        from .graph.collate import collate_graphs
+        from .graph.structure import describe_mismatch
+
+        try:
+            return collate_graphs(graphs, follow_batch=self.follow_batch, exclude_keys=self.exclude_keys)
+        except SampleError as e:
+            where = describe_mismatch(samples, graphs, frozenset(self.exclude_keys))
+            raise SampleError(f"cannot batch the graphs of {what}: {where}: {e}", reason=e.reason) from e
 
 
 def _is_graph(obj: Any) -> bool:
@@ -56,36 +158,3 @@ def _is_graph(obj: Any) -> bool:
     from .graph import is_graph
 
     return is_graph(obj)
-
-
-def collate(samples: Sequence[Any]) -> Any:
-    """Collate a list of samples into one batch.
-
-    Args:
-        samples: dicts with the same keys (or tuples, tensors, graphs, ...).
-
-    Returns:
-        For dicts, ``{key: collated values}``; see the module docstring for
-        the rule per value type.
-
-    Raises:
-        SampleError: the dict samples do not all have the same keys (names the
-            key and the sample lacking or adding it).
-        ValueError: an empty list.
-    """
-    if not samples:
-        raise ValueError("cannot collate an empty list of samples")
-    first = samples[0]
-    if isinstance(first, Mapping):
-        keys = list(first.keys())
-        keyset = set(keys)
-        for s in samples[1:]:
-            if s.keys() != keyset:
-                extra = sorted(set(s.keys()) - keyset)
-                missing = sorted(keyset - set(s.keys()))
-                raise SampleError(
-                    f"cannot collate sample {s.get('__key__', '?')!r} with {first.get('__key__', '?')!r}: "
-                    f"fields missing {missing}, extra {extra}; select fields with `fields=` so samples agree"
-                )
-        return {k: _collate_values(k, [s[k] for s in samples]) for k in keys}
-    return _collate_values("sample", list(samples))

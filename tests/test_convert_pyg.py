@@ -18,7 +18,7 @@ pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Data, HeteroData, InMemoryDataset, OnDiskDataset  # noqa: E402
 
 from shardflow.convert.pyg import DatasetSpec, convert_pyg, graph_schema, merge_schemas  # noqa: E402
-from shardflow.graph.pipeline import to_shards  # noqa: E402
+from shardflow.convert.pyg import to_shards  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELD = "graph.pyg"
@@ -277,7 +277,7 @@ def test_spawned_workers_rebuild_the_dataset_from_the_spec(tmp_path):
 _FORK_AFTER_THREADS_SCRIPT = """
 import sys, torch
 from torch_geometric.data import Data
-from shardflow.graph.pipeline import to_shards
+from shardflow.convert.pyg import to_shards
 torch.set_num_threads(2)
 big = torch.randn(4, 200_000)
 big.clone()  # a parallel copy: torch's OpenMP threads run before the workers fork

@@ -17,7 +17,8 @@ from torch_geometric.datasets import FakeDataset, FakeHeteroDataset  # noqa: E40
 from torch_geometric.utils import from_networkx  # noqa: E402
 
 from shardflow.errors import SampleError  # noqa: E402
-from shardflow.graph import collate_graphs, decode_graph, encode_graph  # noqa: E402
+from shardflow.graph import decode_graph, encode_graph  # noqa: E402
+from shardflow.graph.collate import collate_graphs  # noqa: E402
 from tests.test_graph_codec import assert_same_graph, assert_same_value  # noqa: E402
 
 

@@ -106,7 +106,7 @@ def step_prepare(work: str, graphs: int) -> dict:
 
 
 def step_convert(work: str, graphs: int) -> dict:
-    from shardflow.graph.pipeline import to_shards
+    from shardflow.convert.pyg import to_shards
 
     ds = _mem_class()(os.path.join(work, "mem"))
     t = time.perf_counter()

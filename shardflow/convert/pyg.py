@@ -75,6 +75,7 @@ __all__ = [
     "is_indexable",
     "graph_schema",
     "merge_schemas",
+    "to_shards",
 ]
 
 log = logging.getLogger(__name__)
@@ -482,7 +483,7 @@ class _StreamState:
     """What a plain-iterable conversion learns while it streams: count and schema.
 
     The schema merges the first :data:`_SCHEMA_GRAPHS` graphs and every later graph
-    whose structure (:func:`shardflow.graph.pipeline.graph_structure`) was not seen before.
+    whose structure (:func:`shardflow.graph.graph_structure`) was not seen before.
     """
 
     def __init__(self) -> None:
@@ -492,7 +493,7 @@ class _StreamState:
         self._seen: set[tuple[Any, ...]] = set()
 
     def encode(self, graphs: Iterable[Any]) -> Iterator[_Encoded]:
-        from ..graph.pipeline import graph_structure
+        from ..graph.structure import graph_structure
 
         for i, graph in enumerate(graphs):
             data, sizes = _encode(i, graph)
@@ -728,10 +729,66 @@ def convert_graphs(
 
     Worker processes share the object when they are started by ``fork`` (the
     default on Linux); with another start method an indexable dataset is
-    converted by this process alone. See :func:`shardflow.graph.pipeline.to_shards`
+    converted by this process alone. See :func:`to_shards`
     for the short form.
 
     ``spec``, when the dataset was built by :meth:`DatasetSpec.open`, names the
     source in the manifest and lets workers not started by ``fork`` build it again.
     """
     return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress)
+
+
+def to_shards(
+    dataset: Any,
+    dst: str | os.PathLike[str],
+    *,
+    max_count: int = 10_000,
+    field: str = "graph.pyg",
+    workers: int | None = None,
+    prefix: str = "train",
+    resume: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Manifest:
+    """Write an existing PyG dataset object into shards, one sample per graph.
+
+    The graphs are encoded one at a time (never collated), each stored by its own
+    elements (a graph of an ``InMemoryDataset`` is a view into the whole collated
+    storage; only its part is written). Sample ``i`` has key ``%09d % i``, the
+    graph in ``field`` and its ``(num_nodes, num_edges)`` in the sizes index (for
+    ``shardflow.loader(..., max_cost=...)``). Read the shards back with
+    ``shardflow.ShardDataset(dst)``.
+
+    Args:
+        dataset: an ``InMemoryDataset``, ``OnDiskDataset`` or any indexable
+            dataset or list of ``Data`` / ``HeteroData`` (converted by ``workers``
+            processes, which share it through ``fork``), or an iterable of graphs
+            such as a generator (encoded and written by this process).
+        dst: destination folder (local or fsspec URL).
+        max_count: graphs per shard.
+        field: the graph's field name, ending in ``.pyg``.
+        workers: conversion processes; None = one per CPU.
+        prefix: shard names are ``<prefix>-%06d.tar``.
+        resume: keep finished shards of an earlier run whose source is unchanged.
+        storage_options: fsspec options for a remote ``dst``.
+        progress: ``progress(n)`` after every finished shard of ``n`` graphs.
+
+    Returns:
+        The :class:`~shardflow.format.manifest.Manifest`; ``meta`` holds the
+        graph schema, ``num_graphs`` and the dataset's class (see
+        :func:`convert_pyg`).
+
+    Raises:
+        ConversionError: the dataset gives something that is not a graph, or a
+            worker failed.
+        SampleError: a graph attribute cannot be stored without pickle (names
+            the graph and the attribute).
+    """
+    options = ConvertOptions(
+        max_count=max_count,
+        prefix=prefix,
+        workers=workers,
+        resume=resume,
+        storage_options=dict(storage_options or {}),
+    )
+    return convert_graphs(dataset, os.fspath(dst), options=options, progress=progress, field=field)

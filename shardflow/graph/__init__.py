@@ -1,11 +1,13 @@
-"""Graph samples: PyTorch Geometric graphs as ``pyg`` fields, and their collation.
+"""Graph samples: PyTorch Geometric graphs as ``pyg`` fields.
 
 ``encode_graph`` / ``decode_graph`` turn one ``Data`` or ``HeteroData`` into the bytes
 of a ``pyg`` field and back (safetensors plus a JSON schema, never pickle; see
-:mod:`shardflow.graph.codec`). ``collate_graphs`` builds the ``Batch`` of a list of
-graphs, equal to ``Batch.from_data_list`` and several times faster for ordinary
-``Data`` (see :mod:`shardflow.graph.collate`). torch_geometric and safetensors are
-imported only when one of these functions is called.
+:mod:`shardflow.graph.codec`). Batches of graphs are built by :func:`shardflow.collate`
+(the loader's default), equal to ``Batch.from_data_list`` and several times faster for
+ordinary ``Data`` (the engine is :mod:`shardflow.graph.collate`);
+:func:`graph_structure` says what graphs batched together must share. Writing a PyG
+dataset into shards is a converter: :func:`shardflow.convert.pyg.to_shards`.
+torch_geometric and safetensors are imported only when one of these functions is called.
 """
 
 from __future__ import annotations
@@ -13,18 +15,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["collate_graphs", "decode_graph", "encode_graph", "is_graph", "to_shards", "collate_fn", "GraphCollate", "graph_structure"]
+__all__ = ["decode_graph", "encode_graph", "graph_structure", "is_graph"]
 
 # public name -> the submodule that defines it; imported on first use, so that
 # is_graph() (called by every ShardWriter.write) does not import torch
 _LAZY = {
     "decode_graph": "codec",
     "encode_graph": "codec",
-    "collate_graphs": "collate",
-    "to_shards": "pipeline",
-    "collate_fn": "pipeline",
-    "GraphCollate": "pipeline",
-    "graph_structure": "pipeline",
+    "graph_structure": "structure",
 }
 
 

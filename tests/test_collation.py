@@ -1,4 +1,5 @@
-"""Graph shards into PyG ``Batch`` objects through the loader: golden against ``Batch.from_data_list``."""
+"""shardflow.collate: graph shards into PyG ``Batch`` objects through the loader, golden against
+``Batch.from_data_list`` (with PyG's follow_batch / exclude_keys options)."""
 
 import pickle
 import random
@@ -14,7 +15,8 @@ pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import FakeDataset, FakeHeteroDataset  # noqa: E402
 
-from shardflow.graph.pipeline import GraphCollate, collate_fn, to_shards  # noqa: E402
+from shardflow.collation import Collate  # noqa: E402
+from shardflow.convert.pyg import to_shards  # noqa: E402
 
 FIELD = "graph.pyg"
 
@@ -78,7 +80,7 @@ def _index(key):
 
 def test_golden_fake_dataset_follow_batch(fake):
     folder, graphs = fake
-    loader = shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=collate_fn(follow_batch=["x"]))
+    loader = shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=Collate(follow_batch=["x"]))
     batches = list(loader)
     assert len(batches) == len(loader) == 7
     for batch in batches:
@@ -93,7 +95,7 @@ def test_golden_fake_dataset_follow_batch(fake):
 def test_golden_shuffled_with_workers_and_exclude_keys(fake):
     folder, graphs = fake
     ds = ShardDataset(folder, shuffle=True, seed=3)
-    loader = shardflow.loader(ds, batch_size=16, num_workers=2, collate_fn=collate_fn(exclude_keys=["edge_attr"]))
+    loader = shardflow.loader(ds, batch_size=16, num_workers=2, collate_fn=Collate(exclude_keys=["edge_attr"]))
     seen = []
     for batch in loader:
         keys = batch["__key__"]
@@ -106,7 +108,7 @@ def test_golden_shuffled_with_workers_and_exclude_keys(fake):
 
 def test_golden_fake_hetero_dataset(fake_hetero):
     folder, graphs = fake_hetero
-    loader = shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=collate_fn(follow_batch=["x"]))
+    loader = shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=Collate(follow_batch=["x"]))
     batches = list(loader)
     assert [len(b["__key__"]) for b in batches] == [16, 16, 8]
     for batch in batches:
@@ -116,10 +118,10 @@ def test_golden_fake_hetero_dataset(fake_hetero):
             assert torch.equal(batch[FIELD][node_type].x_batch, want[node_type].x_batch)
 
 
-def test_default_collate_equals_collate_fn_without_options(fake):
+def test_default_collate_equals_collate_without_options(fake):
     folder, graphs = fake
     plain = list(shardflow.loader(ShardDataset(folder), batch_size=16))
-    ours = list(shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=collate_fn()))
+    ours = list(shardflow.loader(ShardDataset(folder), batch_size=16, collate_fn=Collate()))
     for a, b in zip(plain, ours):
         assert a["__key__"] == b["__key__"]
         assert_batch_equal(b[FIELD], a[FIELD])
@@ -130,7 +132,7 @@ def test_node_budget_batching_on_converted_shards(fake):
     budget = 200
     ds = ShardDataset(folder, shuffle=True, seed=0)
     assert ds.manifest.meta["size_columns"] == ["num_nodes", "num_edges"]
-    loader = shardflow.loader(ds, batch_size=64, max_cost=budget, cost="num_nodes", collate_fn=collate_fn(follow_batch=["x"]))
+    loader = shardflow.loader(ds, batch_size=64, max_cost=budget, cost="num_nodes", collate_fn=Collate(follow_batch=["x"]))
     batches = list(loader)
     assert len(batches) == len(loader)
     keys = [k for b in batches for k in b["__key__"]]
@@ -150,7 +152,7 @@ def test_edge_budget_two_ranks_equal_batch_counts(fake):
     counts = []
     for rank in (0, 1):
         ds = ShardDataset(folder, shuffle=True, seed=0, rank=rank, world_size=2)
-        counts.append(len(list(shardflow.loader(ds, batch_size=64, max_cost=1500, cost="num_edges", collate_fn=collate_fn()))))
+        counts.append(len(list(shardflow.loader(ds, batch_size=64, max_cost=1500, cost="num_edges", collate_fn=Collate()))))
     assert counts[0] == counts[1]
 
 
@@ -167,7 +169,7 @@ def _mixed_graphs():
 def test_graphs_that_differ_raise_naming_the_samples(tmp_path, num_workers):
     folder = str(tmp_path / "mixed")
     to_shards(_mixed_graphs(), folder, workers=1)
-    loader = shardflow.loader(ShardDataset(folder), batch_size=4, num_workers=num_workers, collate_fn=collate_fn())
+    loader = shardflow.loader(ShardDataset(folder), batch_size=4, num_workers=num_workers, collate_fn=Collate())
     with pytest.raises(SampleError) as info:
         list(loader)
     msg = str(info.value)
@@ -175,7 +177,7 @@ def test_graphs_that_differ_raise_naming_the_samples(tmp_path, num_workers):
     assert "train-000000.tar" in msg
     assert "edge_attr" in msg and "field 'graph.pyg'" in msg
     # excluding the attribute that differs makes the same batches valid
-    ok = shardflow.loader(ShardDataset(folder), batch_size=4, collate_fn=collate_fn(exclude_keys=["edge_attr"]))
+    ok = shardflow.loader(ShardDataset(folder), batch_size=4, collate_fn=Collate(exclude_keys=["edge_attr"]))
     assert [b[FIELD].num_graphs for b in ok] == [4, 4]
 
 
@@ -190,31 +192,31 @@ def test_differing_node_types_and_feature_sizes_name_the_samples():
 
     samples = [{"__key__": f"h{i}", "g.pyg": hetero(["a", "b"] if i != 2 else ["a", "c"])} for i in range(3)]
     with pytest.raises(SampleError, match=r"sample .h2. \(graph 2 of the batch\) against sample .h0. \(graph 0\).*node type"):
-        collate_fn()(samples)
+        shardflow.collate(samples)
     data = [{"__key__": f"d{i}", "g.pyg": Data(x=torch.zeros(2, 3 if i != 1 else 5))} for i in range(3)]
     with pytest.raises(SampleError, match=r"sample 'd1' \(graph 1 of the batch\) against sample 'd0'"):
-        collate_fn()(data)
+        shardflow.collate(data)
 
 
-def test_collate_fn_other_fields_and_plain_graph_lists():
+def test_collate_other_fields_and_plain_graph_lists():
     graphs = _mixed_graphs()[:3]
     samples = [{"__key__": f"k{i}", "cls": i, "g.pyg": g} for i, g in enumerate(graphs)]
-    out = collate_fn(follow_batch=["x"])(samples)
+    out = shardflow.collate(samples, follow_batch=["x"])
     assert list(out) == ["__key__", "cls", "g.pyg"]
     assert out["__key__"] == ["k0", "k1", "k2"]
     assert torch.equal(out["cls"], torch.tensor([0, 1, 2]))
     assert_batch_equal(out["g.pyg"], Batch.from_data_list(graphs, follow_batch=["x"]))
-    assert_batch_equal(collate_fn()(graphs), Batch.from_data_list(graphs))  # samples a transform made graphs
+    assert_batch_equal(shardflow.collate(graphs), Batch.from_data_list(graphs))  # samples a transform made graphs
     with pytest.raises(SampleError, match="fields missing"):
-        collate_fn()([{"__key__": "a", "g.pyg": graphs[0]}, {"__key__": "b"}])
+        shardflow.collate([{"__key__": "a", "g.pyg": graphs[0]}, {"__key__": "b"}])
     with pytest.raises(ValueError, match="empty"):
-        collate_fn()([])
+        shardflow.collate([])
     with pytest.raises(TypeError, match="not a str"):
-        GraphCollate(follow_batch="x")
+        Collate(follow_batch="x")
 
 
-def test_collate_fn_is_picklable_and_comparable():
-    fn = collate_fn(follow_batch=["x"], exclude_keys=("y",))
+def test_collate_options_are_picklable_and_comparable():
+    fn = Collate(follow_batch=["x"], exclude_keys=("y",))
     assert pickle.loads(pickle.dumps(fn)) == fn
     assert fn.follow_batch == ("x",) and fn.exclude_keys == ("y",)
 
