@@ -18,7 +18,7 @@ import numpy as np
 
 from . import storage
 from .errors import ManifestError
-from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, decode_offsets, decode_sizes, manifest_from_journal
+from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts, decode_offsets, decode_sizes, manifest_from_journal
 from .urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
 __all__ = ["Source", "resolve_source", "load_manifest"]
@@ -61,7 +61,8 @@ class Source:
         if url is None or self.manifest is None:
             return None
         data = _read_all(url, options)
-        return decode_offsets(data, url, self.manifest.shards[shard].samples)
+        info = self.manifest.shards[shard]
+        return decode_offsets(data, url, info.samples, info.bytes)
 
 
 def _costs_of(source: "Source", column: str, options: storage.IOOptions) -> np.ndarray:
@@ -92,13 +93,16 @@ def load_manifest(url: str, options: storage.IOOptions) -> Manifest:
     """Read and parse a manifest.
 
     Raises:
-        ManifestError: unreadable or invalid.
+        ManifestError: unreadable or invalid, or a shard declares more samples
+            than its size can hold (see :func:`~shardflow.format.manifest.check_counts`).
     """
     try:
         data = _read_all(url, options)
     except FileNotFoundError as e:
         raise ManifestError(f"{url}: manifest not found") from e
-    return Manifest.loads(data, url=url)
+    manifest = Manifest.loads(data, url=url)
+    check_counts(manifest, options.limits)
+    return manifest
 
 
 def _is_dir(url: str, options: storage.IOOptions) -> bool:
@@ -172,6 +176,7 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
             if storage.exists(journal, options):
                 # a ShardWriter that never closed (killed): the shards it finished
                 manifest = manifest_from_journal(_read_all(journal, options), murl)
+                check_counts(manifest, options.limits)
                 log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
                             source, len(manifest.shards))
                 return _from_manifest(manifest, murl)

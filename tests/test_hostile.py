@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from shardflow import IndexedShardDataset, IOOptions, ShardDataset
-from shardflow.errors import SampleError, ShardflowError, ShardFormatError
+from shardflow import DecodeOptions, IndexedShardDataset, IOOptions, ShardDataset
+from shardflow.errors import DecodeError, ManifestError, SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
 from shardflow.indexing import index_shards
@@ -133,8 +133,10 @@ def test_member_over_a_lowered_limit_is_skipped_exactly(tmp_path: Path) -> None:
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="max_member_bytes must be >= 1"):
         Limits(max_member_bytes=0)
-    with pytest.raises(TypeError, match="max_graph_nodes must be an int"):
-        Limits(max_graph_nodes=1.5)
+    with pytest.raises(TypeError, match="min_sample_bytes must be an int"):
+        Limits(min_sample_bytes=1.5)
+    with pytest.raises(ValueError, match="max_graph_nodes must be a positive int"):
+        DecodeOptions(max_graph_nodes=0)
 
 
 # ------------------------------------------------------------------ every reader on the negative size
@@ -354,3 +356,133 @@ def test_the_member_limit_is_an_io_option(bombs: dict[str, Path]) -> None:
         keys(ShardDataset(bombs["big-zst"], decode=None, io=io))
     with pytest.raises(TypeError, match="limits must be"):
         IOOptions(limits={"max_member_bytes": 1})
+
+
+# ------------------------------------------------------------------ offset indexes
+
+
+def _rewrite_index(folder: Path, offsets) -> None:
+    from shardflow.format.manifest import encode_offsets
+
+    (folder / "train-000000.tar.idx.npy").write_bytes(encode_offsets(offsets))
+
+
+N_INDEXED = 40  # samples in the indexed shard: rank 1 of 2 starts 20 samples in, past the read-through gap
+
+
+@pytest.mark.parametrize(
+    "forge, said",
+    [
+        (lambda o: o - o[-1], "starts at the negative offset -"),  # strictly increasing, all <= 0
+        (lambda o: [*o[:2], o[1], *o[3:]], r"not strictly increasing \(entry 2 is 1024, after 1024\)"),
+        (lambda o: [*o[:2], o[2] + 8, *o[3:]], r"entry 2 \(2056\) is not on a 512-byte tar block"),
+        (lambda o: [*o[:-1], 1 << 40], r"ends at byte 1099511627776, past the end of the shard's \d+ bytes"),
+        (lambda o: o[:3], r"has shape \(3,\) and dtype int64, expected int64 \(41,\)"),
+    ],
+)
+@pytest.mark.timeout(20)
+def test_bad_offset_index_is_a_shardflow_error_everywhere(tmp_path: Path, forge, said: str) -> None:
+    import numpy as np
+
+    folder = make_shards(tmp_path, [N_INDEXED])
+    real = np.load(folder / "train-000000.tar.idx.npy")
+    _rewrite_index(folder, np.asarray(forge(real), dtype=np.int64))
+    with pytest.raises(ManifestError, match=said) as info:
+        keys(ShardDataset(folder, decode=None, rank=1, world_size=2))  # a later part: read through the index
+    assert info.value.reason == "bad_index"
+    with pytest.raises(ManifestError, match=said):
+        IndexedShardDataset(folder, decode=None)[4]
+    ds = ShardDataset(folder, decode=None, rank=1, world_size=2, on_error="skip")
+    with pytest.raises(ShardflowError, match="yielded no sample"):
+        keys(ds)
+    assert ds.stats["bad_index"] == 1 and ds.stats["lost_samples"] == N_INDEXED // 2
+    report = verify(folder, workers=1)
+    assert [bool(re.search(said, p.message)) for p in report if p.reason == "offset_index"] == [True], report
+
+
+def test_an_index_header_declaring_a_huge_array_is_refused_before_allocating() -> None:
+    import io
+
+    import numpy as np
+
+    from shardflow.format.manifest import decode_offsets
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": (10**11,)})
+    data = buf.getvalue() + bytes(56)
+    with pytest.raises(ManifestError, match=r"offset index has shape \(100000000000,\) and dtype int64, expected int64 \(7,\)"):
+        decode_offsets(data, "x.idx.npy", 6)
+    with pytest.raises(ManifestError, match=r"holds 56 bytes of data, but its header declares 800000000000"):
+        decode_offsets(data, "x.idx.npy", 10**11 - 1)
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def test_manifest_declaring_more_samples_than_the_shard_holds_fails_fast(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [100], index=False)
+    manifest = json.loads((folder / "shardflow.json").read_text())
+    manifest["shards"][0]["samples"] = 50_000_000
+    (folder / "shardflow.json").write_text(json.dumps(manifest))
+    size = (folder / "train-000000.tar").stat().st_size
+    got = peak_rss(f"""
+        ds = shardflow.ShardDataset({str(folder)!r}, decode=None)
+        result["keys"] = len([s for s in ds])
+    """)
+    assert got["error"] == (
+        f"ManifestError: {folder}/shardflow.json: shard 'train-000000.tar' declares 50000000 samples in {size} bytes, "
+        f"more than it can hold ({size // 512}: a sample takes at least Limits.min_sample_bytes=512 bytes)"
+    )
+    assert got["peak"] < 64 * MiB  # bound: 64 MiB (it was 9.3 GB and 134 s)
+
+
+# ------------------------------------------------------------------ graphs
+
+
+def _graph_shard(tmp_path: Path, bad_ids: list[int]) -> Path:
+    torch = pytest.importorskip("torch")
+    pyg = pytest.importorskip("torch_geometric.data")
+    from shardflow.graph import encode_graph
+
+    parts = []
+    for i in range(4):
+        ids = [[0, 1], [1, bad_ids[i]]] if i < len(bad_ids) else [[0, 1], [1, 0]]
+        raw = encode_graph(pyg.Data(edge_index=torch.tensor(ids)))
+        parts.append(encode_sample(sample_key(i), {"pyg": raw}))
+    path = tmp_path / "graphs.tar"
+    path.write_bytes(b"".join(parts) + END_OF_ARCHIVE)
+    return path
+
+
+@pytest.mark.parametrize("bad", [100_000_000, 1 << 62, -5])
+def test_graph_bomb_is_a_decode_error_named_and_counted(tmp_path: Path, bad: int) -> None:
+    path = _graph_shard(tmp_path, [bad])
+    raw = next(iter(ShardDataset(path, decode=None)))["pyg"]
+    assert len(raw) < 400  # the issue's graph was 278 bytes
+    said = "holds the negative node id" if bad < 0 else (
+        rf"holds the node id {bad}: it implies {bad + 1} nodes, over the limit of 16777216 \(DecodeOptions.max_graph_nodes\)")
+    with pytest.raises(DecodeError, match=said):
+        keys(ShardDataset(path))
+    ds = ShardDataset(path, on_error="skip")
+    assert keys(ds) == ["000001", "000002", "000003"]
+    assert ds.stats["decode"] == 1
+
+
+def test_graph_limits_are_options_and_bound_collate_memory(tmp_path: Path) -> None:
+    pytest.importorskip("torch_geometric")
+    path = _graph_shard(tmp_path, [100_000_000] * 4)
+    ok = ShardDataset(path, decode=DecodeOptions(max_graph_nodes=200_000_000))
+    assert [int(s["pyg"].edge_index.max()) for s in ok] == [100_000_000] * 4
+    with pytest.raises(DecodeError, match=r"over the limit of 1000 \(DecodeOptions.max_graph_nodes\)"):
+        (tmp_path / "b").mkdir()
+        keys(ShardDataset(_graph_shard(tmp_path / "b", [2000]), decode=DecodeOptions(max_graph_nodes=1000)))
+    with pytest.raises(DecodeError, match=r"holds 2 edges, over the limit of 1 \(DecodeOptions.max_graph_edges\)"):
+        keys(ShardDataset(path, decode=DecodeOptions(max_graph_edges=1)))
+    got = peak_rss(f"""
+        import shardflow.graph
+        ds = shardflow.ShardDataset({str(path)!r}, on_error="skip")
+        result["batches"] = sum(1 for _ in shardflow.loader(ds, batch_size=4, collate_fn=shardflow.graph.collate_fn))
+        result["stats"] = dict(ds.stats)
+    """)
+    assert got.get("error") is not None and "yielded no sample" in got["error"], got
+    assert got["peak"] < 64 * MiB  # bound: 64 MiB (the 4-graph collate peaked at 9.8 GB)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import DecodeError, SampleError
 from ..format.keys import codec_extension
+from ..format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 __all__ = [
     "DecodeOptions",
@@ -58,6 +59,13 @@ class DecodeOptions:
             (``pip install shardflow[jpeg]``; same pixels as Pillow in the tests;
             see :func:`shardflow.codecs.image.decode_image` for what still goes
             through Pillow).
+        max_graph_nodes: the most nodes a ``pyg`` graph (a ``Data``, or one
+            node type of a ``HeteroData``) may declare through ``num_nodes`` or
+            node-level rows, or imply through its largest ``edge_index`` id;
+            default 2**24 (16,777,216). A larger graph is a ``DecodeError``
+            naming this option.
+        max_graph_edges: the most edges (columns) an ``edge_index`` may hold;
+            default 2**28 (268,435,456).
     """
 
     image: str | None = "numpy"
@@ -65,6 +73,8 @@ class DecodeOptions:
     exif_transpose: bool = True
     allow_pickle: bool = False
     jpeg_decoder: str = "pillow"
+    max_graph_nodes: int = MAX_GRAPH_NODES
+    max_graph_edges: int = MAX_GRAPH_EDGES
 
     def __post_init__(self) -> None:
         if self.image is not None and self.image not in IMAGE_FORMS:
@@ -80,6 +90,10 @@ class DecodeOptions:
                 raise ImportError(
                     "jpeg_decoder='simplejpeg' needs simplejpeg: pip install 'shardflow[jpeg]'"
                 ) from e
+        for name in ("max_graph_nodes", "max_graph_edges"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def preload(options: DecodeOptions | None) -> None:
@@ -268,7 +282,7 @@ def _enc_graph(value: Any, ext: str) -> bytes:
 def _dec_graph(data: bytes, options: DecodeOptions) -> Any:
     from ..graph import decode_graph
 
-    return decode_graph(data)
+    return decode_graph(data, max_nodes=options.max_graph_nodes, max_edges=options.max_graph_edges)
 
 
 def _dec_pickle(data: bytes, options: DecodeOptions) -> Any:

@@ -4,14 +4,24 @@ Every size, count and offset that shardflow reads from a shard, an offset
 index or a manifest is checked before it is used; where a value could be
 legitimate but costly (a member's size, a graph's node count), the bound is
 one of these options, and the error it raises names the option so the user
-can raise it. ``docs/security.md`` lists them with their defaults.
+can raise it. (Decoding limits, on image pixels and graph sizes, are
+:class:`~shardflow.codecs.DecodeOptions` fields.) ``docs/security.md`` lists them with their defaults.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Limits", "DEFAULT_LIMITS"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "MAX_GRAPH_NODES", "MAX_GRAPH_EDGES"]
+
+MAX_GRAPH_NODES = 1 << 24
+"""Default ``DecodeOptions.max_graph_nodes``: 16,777,216 nodes per graph (per node type).
+
+Nodes need no bytes of their own (an ``edge_index`` id implies them), yet each
+costs memory when graphs are batched (``batch``/``ptr`` vectors, node features):
+at this limit a graph's ``batch`` vector alone is 128 MiB."""
+MAX_GRAPH_EDGES = 1 << 28
+"""Default ``DecodeOptions.max_graph_edges``: 268,435,456 edges per graph (per edge type)."""
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,6 @@ class Limits:
         max_compression_ratio: for a compressed shard (``.tar.gz``/``.tar.zst``)
             the declared samples may be at most ``bytes * max_compression_ratio
             // min_sample_bytes``; default 1000.
-        max_graph_nodes: the most nodes a ``.pyg`` graph may declare or imply
-            (through ``num_nodes`` or the largest id in ``edge_index``);
-            default 2**27 (134 million).
-        max_graph_edges: the most edges (columns of ``edge_index``) a ``.pyg``
-            graph may hold; default 2**29 (537 million).
 
     Raises:
         TypeError, ValueError: a limit is not a positive int.
@@ -47,8 +52,6 @@ class Limits:
     max_header_bytes: int = 1 << 20
     min_sample_bytes: int = 512
     max_compression_ratio: int = 1000
-    max_graph_nodes: int = 1 << 27
-    max_graph_edges: int = 1 << 29
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ManifestError
 from .keys import codec_extension
+from .limits import Limits
 
 __all__ = [
     "MANIFEST_NAME",
@@ -34,6 +35,7 @@ __all__ = [
     "JOURNAL_SUFFIX",
     "ShardInfo",
     "Manifest",
+    "check_counts",
     "encode_offsets",
     "decode_offsets",
     "decode_sizes",
@@ -165,36 +167,117 @@ def encode_offsets(offsets: Sequence[Any] | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+_COMPRESSED = (".gz", ".tgz", ".zst", ".zstd")
+_BLOCK = 512  # tar headers start on 512-byte blocks
+
+
+def check_counts(manifest: Manifest, limits: Limits) -> None:
+    """Refuse sample counts that a shard's size cannot hold, before anything is sized by them.
+
+    A sample takes at least one tar header block, so a plain shard of ``b``
+    bytes holds at most ``b // limits.min_sample_bytes`` samples; a compressed
+    one (``.gz``/``.tgz``/``.zst`` URL) at most ``limits.max_compression_ratio``
+    times that. Shards whose size the manifest does not give are not checked.
+
+    Raises:
+        ManifestError: a shard declares more (names the shard, both numbers and
+            the option), reason ``"manifest"``.
+    """
+    where = manifest.url or "<manifest>"
+    for info in manifest.shards:
+        if info.bytes < 0:
+            continue
+        ratio = limits.max_compression_ratio if info.url.endswith(_COMPRESSED) else 1
+        cap = info.bytes * ratio // limits.min_sample_bytes
+        if info.samples > cap:
+            raise ManifestError(
+                f"{where}: shard {info.url!r} declares {info.samples} samples in {info.bytes} bytes, more than "
+                f"it can hold ({cap}: a sample takes at least Limits.min_sample_bytes={limits.min_sample_bytes} "
+                f"bytes{', at Limits.max_compression_ratio=' + str(ratio) if ratio > 1 else ''})"
+            )
+
+
+def _load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An integer ``.npy`` of exactly ``shape``, its header checked before any array is allocated."""
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            found, _, dtype = np.lib.format.read_array_header_1_0(buf)
+        else:
+            found, _, dtype = np.lib.format.read_array_header_2_0(buf)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/OSError/SyntaxError on bad headers
+        raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
+    if tuple(found) != shape or dtype.kind not in "iu" or dtype.hasobject:
+        raise ManifestError(
+            f"{url}: {what} has shape {tuple(found)} and dtype {dtype}, expected int64 {shape}", reason="bad_index"
+        )
+    if len(data) - buf.tell() != dtype.itemsize * int(np.prod(shape)):
+        raise ManifestError(
+            f"{url}: {what} holds {len(data) - buf.tell()} bytes of data, but its header declares "
+            f"{dtype.itemsize * int(np.prod(shape))}",
+            reason="bad_index",
+        )
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - as above
+        raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ManifestError(f"{url}: {what} holds {int(arr.max())}, past any int64 offset", reason="bad_index")
+    return arr.astype(np.int64, copy=False)
+
+
 def decode_sizes(data: bytes, url: str, samples: int, columns: int) -> np.ndarray:
     """Parse a per-sample sizes index and check it fits the shard.
 
     Raises:
-        ManifestError: not an integer array of shape (samples, columns).
+        ManifestError: not an integer array of shape (samples, columns), or a
+            negative size.
     """
-    try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as e:
-        raise ManifestError(f"{url}: sizes index is not a valid .npy: {e}") from e
-    if arr.shape != (samples, columns) or arr.dtype.kind not in "iu":
-        raise ManifestError(f"{url}: sizes index has shape {arr.shape} and dtype {arr.dtype}, expected int ({samples}, {columns})")
-    return arr.astype(np.int64, copy=False)
+    arr = _load_npy(data, url, "sizes index", (samples, columns))
+    if arr.size and int(arr.min()) < 0:
+        raise ManifestError(f"{url}: sizes index holds the negative size {int(arr.min())}", reason="bad_index")
+    return arr
 
 
-def decode_offsets(data: bytes, url: str, samples: int) -> np.ndarray:
+def decode_offsets(data: bytes, url: str, samples: int, size: int = -1) -> np.ndarray:
     """Parse an offset index and check it fits the shard.
 
+    Args:
+        data: the ``.npy`` file's bytes.
+        url: the index URL, named in errors.
+        samples: the shard's sample count (the manifest's).
+        size: the shard's size in bytes, or -1 if unknown.
+
+    Returns:
+        int64 offsets, shape (samples + 1,).
+
     Raises:
-        ManifestError: not an int64 vector of ``samples + 1`` increasing offsets.
+        ManifestError: (reason ``"bad_index"``) not an integer vector of
+            ``samples + 1`` entries; an offset that is negative, not on a
+            512-byte tar block, not strictly increasing, or past the shard's end.
     """
-    try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as e:
-        raise ManifestError(f"{url}: offset index is not a valid .npy: {e}") from e
-    if arr.ndim != 1 or arr.shape[0] != samples + 1 or arr.dtype.kind not in "iu":
-        raise ManifestError(f"{url}: offset index has shape {arr.shape} and dtype {arr.dtype}, expected int64 ({samples + 1},)")
+    arr = _load_npy(data, url, "offset index", (samples + 1,))
+    if int(arr[0]) < 0:
+        raise ManifestError(f"{url}: offset index starts at the negative offset {int(arr[0])}", reason="bad_index")
     if samples and np.any(np.diff(arr) <= 0):
-        raise ManifestError(f"{url}: offset index is not strictly increasing")
-    return arr.astype(np.int64, copy=False)
+        i = int(np.argmax(np.diff(arr) <= 0))
+        raise ManifestError(
+            f"{url}: offset index is not strictly increasing (entry {i + 1} is {int(arr[i + 1])}, after {int(arr[i])})",
+            reason="bad_index",
+        )
+    off = arr % _BLOCK != 0
+    if np.any(off):
+        i = int(np.argmax(off))
+        raise ManifestError(
+            f"{url}: offset index entry {i} ({int(arr[i])}) is not on a 512-byte tar block", reason="bad_index"
+        )
+    if size >= 0 and int(arr[-1]) > size:
+        raise ManifestError(
+            f"{url}: offset index ends at byte {int(arr[-1])}, past the end of the shard's {size} bytes",
+            reason="bad_index",
+        )
+    return arr
 
 
 # ------------------------------------------------------------------ journal

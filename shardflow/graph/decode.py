@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 from shardflow.errors import DecodeError
+from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
+from .bounds import check_graph
 from .rules import DEFAULT_RULE, RULES_ATTR, import_pyg, rule_classes
 from .schema import INLINE_DTYPES, NP_DTYPES, SCALARS, SCHEMA_KEY, SCHEMA_VERSION, ST_DTYPES
 
@@ -227,11 +229,17 @@ def _build(schema: dict, tensors: dict[str, torch.Tensor], pyg: Any) -> Any:
     return data
 
 
-def decode_graph(buf: bytes | bytearray | memoryview) -> Any:
+def decode_graph(
+    buf: bytes | bytearray | memoryview, *, max_nodes: int = MAX_GRAPH_NODES, max_edges: int = MAX_GRAPH_EDGES
+) -> Any:
     """Decode the bytes of a ``pyg`` field back into a graph, without pickle.
 
     Args:
         buf: bytes written by :func:`encode_graph`.
+        max_nodes: the most nodes a graph (or node type) may declare or imply
+            through an ``edge_index`` id (``DecodeOptions.max_graph_nodes``).
+        max_edges: the most edges an ``edge_index`` may hold
+            (``DecodeOptions.max_graph_edges``).
 
     Returns:
         A ``torch_geometric.data.Data`` or ``HeteroData`` with every attribute of the
@@ -244,7 +252,8 @@ def decode_graph(buf: bytes | bytearray | memoryview) -> Any:
     Raises:
         ImportError: torch_geometric is not installed.
         DecodeError: the bytes are not a valid ``pyg`` field (truncated, corrupt,
-            not safetensors, no or unknown graph schema).
+            not safetensors, no or unknown graph schema), or the graph is over
+            a limit or holds node ids outside its nodes (see :mod:`.bounds`).
     """
     pyg = import_pyg("decoding 'pyg' fields")
     try:
@@ -252,7 +261,9 @@ def decode_graph(buf: bytes | bytearray | memoryview) -> Any:
         text = metadata.get(SCHEMA_KEY)
         if type(text) is not str:
             raise ValueError(f"safetensors metadata has no {SCHEMA_KEY!r} entry")
-        return _build(json.loads(text), tensors, pyg)
+        graph = _build(json.loads(text), tensors, pyg)
+        check_graph(graph, max_nodes=max_nodes, max_edges=max_edges)
+        return graph
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError,
             OverflowError, RecursionError) as exc:
         size = len(buf) if hasattr(buf, "__len__") else "?"

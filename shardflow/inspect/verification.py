@@ -50,7 +50,7 @@ def _load_index(task: _VerifyTask) -> tuple[Any, Problem | None]:
     except ShardflowError as e:
         return None, Problem(task.url, None, "offset_index", f"offset index {task.index_url} unreadable: {e}")
     try:
-        return decode_offsets(data, task.index_url, task.info.samples), None
+        return decode_offsets(data, task.index_url, task.info.samples, task.info.bytes), None
     except ManifestError as e:
         return None, Problem(task.url, None, "offset_index", str(e))
 
