@@ -5,7 +5,9 @@ Public surface (see DESIGN.md §3):
 - :class:`ShardWriter`: write samples into tar shards plus a ``shardflow.json`` manifest.
 - :class:`ShardDataset`: a streaming ``IterableDataset`` over shards, local or any fsspec URL.
 - :class:`IndexedShardDataset`: map-style random access through the offset index.
-- :func:`loader`: a DataLoader with the right settings, with ``state_dict()`` for resumption.
+- :func:`loader`: a :class:`ShardLoader`, a DataLoader with the right settings, with
+  ``state_dict()`` for resumption; :func:`collate` is its default ``collate_fn``.
+- :mod:`shardflow.config`: a pipeline in one YAML file (``shardflow.config.loader_from_config``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ __all__ = [
     "IOOptions",
     "DecodeOptions",
     "loader",
+    "ShardLoader",
     "collate",
+    "config",
     "ShardflowError",
     "__version__",
 ]
@@ -36,12 +40,17 @@ _LAZY = {
     "IOOptions": ("storage", "IOOptions"),
     "DecodeOptions": ("codecs", "DecodeOptions"),
     "loader": ("loading", "loader"),
+    "ShardLoader": ("loading", "ShardLoader"),
     "collate": ("collation", "collate"),
 }
 
 
 def __getattr__(name: str) -> Any:
     """Import public names on first use, so ``import shardflow`` stays light."""
+    if name == "config":  # the module, as after ``import shardflow.config``
+        import importlib
+
+        return importlib.import_module(".config", __name__)
     if name in _LAZY:
         import importlib
 

@@ -298,20 +298,20 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
 
     Args:
         cfg: a config, a YAML path or a mapping.
-        **overrides: config keys to change (``num_workers=8``), other
-            ``ShardDataset`` arguments (``transform=``), or other
-            :func:`shardflow.loader` arguments (``collate_fn=``,
-            ``persistent_workers=``, ``pin_memory=``, ``prefetch_factor=``,
-            ``multiprocessing_context=``, ``timeout=``).
+        **overrides: config keys to change (``num_workers=8``), any other
+            :func:`shardflow.loader` argument (``collate_fn=``, ``max_cost=``,
+            ``cost=``, ``pin_memory=``, ...), or other ``ShardDataset``
+            arguments (``transform=``).
 
     Returns:
         The loader; its dataset is ``loader.dataset``.
     """
+    import inspect
+
     from .loading import loader
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
-    loader_args = ("collate_fn", "persistent_workers", "pin_memory", "prefetch_factor",
-                   "multiprocessing_context", "timeout")
-    loader_extra = {k: extra.pop(k) for k in loader_args if k in extra}
+    loader_args = set(inspect.signature(loader).parameters) - {"dataset"}
+    loader_extra = {k: extra.pop(k) for k in list(extra) if k in loader_args}
     ds = dataset_from_config(cfg, **extra)
     return loader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=cfg.drop_last, **loader_extra)

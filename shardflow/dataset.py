@@ -192,14 +192,6 @@ class ShardDataset(IterableDataset):
         self._progress: list[Any] | None = None
         self._last_epoch = 0
 
-    @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> ShardDataset:
-        """Build a dataset from a pipeline config (a YAML path, a mapping or a
-        :class:`~shardflow.config.PipelineConfig`); see :mod:`shardflow.config`."""
-        from .config import dataset_from_config
-
-        return dataset_from_config(config, **overrides)
-
     # ------------------------------------------------------------ properties
 
     @property

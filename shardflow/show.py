@@ -30,7 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from . import storage
 from .codecs import DecodeOptions, decode_field
 from .errors import MissingFieldError, missing_dependency
-from .format.keys import codec_extension
+from .format.keys import IMAGE_EXTENSIONS, codec_extension
 from .inspect import class_names, head
 from .source import resolve_source
 
@@ -40,7 +40,6 @@ CAPTION_HEIGHT = 32
 """Pixels of caption (two text lines) under each image tile."""
 
 BACKGROUND = (255, 255, 255)
-_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif")
 _MAX_DRAWN_NODES = 300  # larger graphs are drawn as the subgraph on their first nodes
 _FONT_SIZE = 11
 
@@ -60,7 +59,7 @@ def _pick_field(samples: Sequence[dict[str, Any]], field: str | None) -> str:
         if not any(field in s for s in samples):
             raise MissingFieldError(f"no sample shown has the field {field!r}; the fields are {sorted(names)}")
         return field
-    for kinds in (_IMAGE_EXTENSIONS, ("pyg",)):
+    for kinds in (IMAGE_EXTENSIONS, ("pyg",)):
         for name in names:
             if codec_extension(name) in kinds:
                 return name
@@ -104,9 +103,9 @@ def _image_grid(samples: list[dict[str, Any]], field: str, label: str | None, na
         x, y = (i % cols) * tile, (i // cols) * cell_h
         inner = tile - 4
         name = field
-        if name not in s and codec_extension(field) in _IMAGE_EXTENSIONS:
+        if name not in s and codec_extension(field) in IMAGE_EXTENSIONS:
             # a folder of .jpg and .png images: any image field of the sample stands in
-            name = next((k for k in s if not k.startswith("__") and codec_extension(k) in _IMAGE_EXTENSIONS), field)
+            name = next((k for k in s if not k.startswith("__") and codec_extension(k) in IMAGE_EXTENSIONS), field)
         try:
             img = decode_field(name, s[name], options) if name in s else None
         except Exception as e:  # show what is wrong instead of failing the whole sheet

@@ -162,3 +162,42 @@ def test_storage_options_and_cache_dir_reach_the_dataset(images: Path, tmp_path:
     ds = dataset_from_config({"source": str(images), "cache_dir": str(tmp_path / "cache"), "storage_options": {"anon": True}})
     assert ds.io.cache_dir == str(tmp_path / "cache")
     assert ds.io.storage_options == {"anon": True}
+
+
+def test_loader_from_config_forwards_every_loader_argument(images: Path, monkeypatch) -> None:
+    """Each shardflow.loader keyword given to loader_from_config reaches the loader
+    (max_cost and cost used to fall through to ShardDataset)."""
+    import functools
+    import inspect
+
+    import shardflow.loading
+
+    real = shardflow.loading.loader
+    seen: dict = {}
+
+    @functools.wraps(real)
+    def recording(ds, **kwargs):
+        seen.update(kwargs)
+        return real(ds, **kwargs)
+
+    monkeypatch.setattr(shardflow.loading, "loader", recording)
+    extra = {"max_cost": 1000, "cost": "num_nodes", "timeout": 5.0, "pin_memory": False, "collate_fn": list}
+    loader = loader_from_config({"source": str(images), "batch_size": 4}, **extra)
+    assert {k: seen[k] for k in extra} == extra
+    assert seen["batch_size"] == 4 and loader.batch_size == 4
+    # every keyword of shardflow.loader that is not a config key is forwarded as given
+    forwarded = set(inspect.signature(real).parameters) - {"dataset"} - set(PipelineConfig.keys())
+    assert set(extra) <= forwarded
+
+
+def test_config_and_loader_class_are_reachable_after_import_shardflow(images: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import shardflow\n"
+        f"loader = shardflow.config.loader_from_config({{'source': {str(images)!r}, 'batch_size': 4}})\n"
+        "assert type(loader) is shardflow.ShardLoader\n"
+        "assert shardflow.collate is shardflow.collation.collate\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

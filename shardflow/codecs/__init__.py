@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError, SampleError
-from ..format.keys import codec_extension
+from ..format.keys import IMAGE_EXTENSIONS, codec_extension
 from ..format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 __all__ = [
@@ -299,7 +299,7 @@ for _ext in ("cls", "cls2", "idx", "index", "label"):
     register_codec(_ext, _enc_int, _dec_int)
 register_codec("json", _enc_json, lambda d, o: json.loads(d))
 register_codec("npy", _enc_npy, _dec_npy)
-for _ext in ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif"):
+for _ext in IMAGE_EXTENSIONS:
     register_codec(_ext, _enc_image, _dec_image)
 register_codec("pyg", _enc_graph, _dec_graph)
 for _ext in ("pth", "pt", "pickle", "pkl"):

@@ -57,6 +57,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
 from shardflow.errors import DecodeError
+from shardflow.format.keys import IMAGE_EXTENSIONS
 
 if TYPE_CHECKING:
     import torch
@@ -71,11 +72,6 @@ __all__ = [
     "encode_image",
     "image_size",
 ]
-
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    "jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif",
-)  # fmt: skip
-"""Field extensions decoded as images (lower case, no dot): common formats Pillow reads."""
 
 JPEG_DECODERS: tuple[str, ...] = ("pillow", "simplejpeg")
 """Values of ``jpeg_decoder``: Pillow (any image) or simplejpeg (the optional fast JPEG path)."""

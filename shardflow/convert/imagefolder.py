@@ -46,6 +46,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from ..errors import ConversionError
+from ..format.keys import IMAGE_EXTENSIONS
 from ..format.manifest import Manifest
 from .engine import ConvertOptions, run_conversion
 
@@ -59,8 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Extensions (lower-case, no dot) taken as images by default.
-IMAGE_EXTENSIONS: tuple[str, ...] = ("bmp", "gif", "jpeg", "jpg", "pgm", "png", "ppm", "tif", "tiff", "webp")
 
 _ESCAPES = str.maketrans({"%": "%25", ".": "%2E", "~": "%7E"})
 _UNESCAPE = re.compile(r"%([0-9A-F]{2})")

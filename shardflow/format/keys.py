@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from ..errors import SampleError
 
-__all__ = ["split_name", "check_key", "check_field", "codec_extension"]
+__all__ = ["IMAGE_EXTENSIONS", "split_name", "check_key", "check_field", "codec_extension"]
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    "jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif",
+)  # fmt: skip
+"""Field extensions decoded as images (lower case, no dot): common formats Pillow reads.
+The one list: the image codec, the image-folder converter and ``shardflow show`` use it."""
 
 
 def split_name(name: str) -> tuple[str, str] | None:

@@ -12,6 +12,7 @@ from typing import Any
 from .. import storage
 from ..codecs import DecodeOptions, decode_field
 from ..errors import ManifestError, SampleError, ShardflowError
+from ..format.keys import IMAGE_EXTENSIONS
 from ..format.manifest import ShardInfo, decode_offsets
 from ..format.tar import BLOCK, iter_samples
 from ..source import resolve_source
@@ -161,8 +162,6 @@ def _unlisted_problems(manifest_url: str, listed: dict[str, str], seen: Iterable
 
 
 def _is_image(field: str) -> bool:
-    from ..codecs.image import IMAGE_EXTENSIONS
-
     return field.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
 
 
