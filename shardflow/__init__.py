@@ -3,6 +3,8 @@
 Public surface (see DESIGN.md §3):
 
 - :class:`ShardWriter`: write samples into tar shards plus a ``shardflow.json`` manifest.
+- :func:`write_shards`: ``fn`` over a stream of inputs, in parallel (local processes or Dask),
+  deterministic and resumable: the general form of every converter.
 - :class:`ShardDataset`: a streaming ``IterableDataset`` over shards, local or any fsspec URL.
 - :class:`IndexedShardDataset`: map-style random access through the offset index.
 - :func:`loader`: a :class:`ShardLoader`, a DataLoader with the right settings, with
@@ -19,6 +21,7 @@ from .errors import ShardflowError
 __version__ = "0.1.0"
 __all__ = [
     "ShardWriter",
+    "write_shards",
     "ShardDataset",
     "IndexedShardDataset",
     "ShuffleConfig",
@@ -34,6 +37,7 @@ __all__ = [
 
 _LAZY = {
     "ShardWriter": ("writer", "ShardWriter"),
+    "write_shards": ("convert.write", "write_shards"),
     "ShardDataset": ("dataset", "ShardDataset"),
     "IndexedShardDataset": ("indexed", "IndexedShardDataset"),
     "ShuffleConfig": ("plan", "ShuffleConfig"),

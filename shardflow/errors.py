@@ -81,6 +81,12 @@ class ConversionError(ShardflowError, ValueError):
     default_reason = "conversion"
 
 
+class DestinationExistsError(ConversionError, FileExistsError):
+    """A conversion's destination holds another dataset (pass ``overwrite=True`` to replace it)."""
+
+    default_reason = "destination_exists"
+
+
 def missing_dependency(package: str, extra: str, purpose: str) -> ImportError:
     """Build the ImportError raised when an optional dependency is absent.
 

@@ -43,7 +43,7 @@ from .format.tar import END_OF_ARCHIVE, encode_sample
 from .graph import is_graph
 from .storage.urls import join_url, parent_url
 
-__all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest"]
+__all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest", "tar_size"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,13 @@ def encode_sample_dict(sample: Mapping[str, Any]) -> tuple[str, dict[str, bytes]
     if not fields:
         raise SampleError(f"sample {key!r} has no fields")
     return key, fields
+
+
+def tar_size(fields: Mapping[str, bytes]) -> int:
+    """The bytes an encoded sample takes in a shard, as shard size limits count them:
+    a 512-byte header per field plus its data padded to 512 bytes (long names and
+    PAX headers not counted)."""
+    return sum(512 + len(v) + 511 for v in fields.values())
 
 
 SIZE_COLUMNS = ("num_nodes", "num_edges")
@@ -292,7 +299,7 @@ class ShardWriter:
 
         ``sizes`` is the sample's row of the sizes index (see :class:`ShardFile`).
         """
-        size = sum(512 + len(v) + 511 for v in fields.values())
+        size = tar_size(fields)
         shard = self._shard
         if shard is not None and (len(shard.offsets) >= self.max_count or (shard.offsets and shard.size + size > self.max_bytes)):
             self._finish_shard()

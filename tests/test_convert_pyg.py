@@ -12,7 +12,7 @@ import torch
 
 import shardflow
 from shardflow.convert.engine import ConvertOptions
-from shardflow.errors import ConversionError, SampleError
+from shardflow.errors import ConversionError, DestinationExistsError, SampleError
 
 pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Data, HeteroData, InMemoryDataset, OnDiskDataset  # noqa: E402
@@ -189,7 +189,12 @@ def test_generator_resume_keeps_finished_shards(tmp_path):
     again = convert_pyg(spec, dst, kwargs={"num_graphs": 250}, options=ConvertOptions(max_count=100))
     assert [s.sha256 for s in again.shards] == [s.sha256 for s in first.shards]
     assert {s.url: os.stat(os.path.join(dst, s.url)).st_mtime_ns for s in again.shards} == mtimes
-    other = convert_pyg(spec, dst, kwargs={"num_graphs": 250, "seed": 5}, options=ConvertOptions(max_count=100))
+    # another source into the same folder is another dataset: refused unless overwrite (issue 15)
+    with pytest.raises(DestinationExistsError, match="seed"):
+        convert_pyg(spec, dst, kwargs={"num_graphs": 250, "seed": 5}, options=ConvertOptions(max_count=100))
+    other = convert_pyg(
+        spec, dst, kwargs={"num_graphs": 250, "seed": 5}, options=ConvertOptions(max_count=100, overwrite=True)
+    )
     assert all(a.sha256 != b.sha256 for a, b in zip(other.shards, first.shards))
 
 

@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .progress import progress_bar
@@ -39,8 +40,21 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
     default = f"default {max_count}" if max_count is not None else "default: chosen by the converter"
     parser.add_argument("--max-count", type=int, default=max_count, help=f"samples per shard ({default})")
     parser.add_argument("--prefix", default="train", help="shard name prefix: PREFIX-000000.tar (default train)")
+    parser.add_argument("--max-bytes", type=int, default=None, help="shard size limit in bytes (default: none)")
+    parser.add_argument(
+        "--group-size", type=int, default=None, metavar="N",
+        help="inputs per task (default: --max-count); shards never span two tasks",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=None, help="writer processes (default: number of CPUs)")
+    parser.add_argument(
+        "--scheduler", metavar="ADDRESS", default=None,
+        help="run on a Dask cluster: its scheduler's address, e.g. tcp://10.0.0.1:8786 (needs shardflow[dask])",
+    )  # fmt: skip
     parser.add_argument("--no-resume", action="store_true", help="rewrite every shard instead of keeping finished ones")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace a dataset DST already holds (default: refuse a DST that holds another dataset)",
+    )  # fmt: skip
     parser.add_argument(
         "--storage-option",
         action="append",
@@ -71,16 +85,51 @@ def options_from_args(args: argparse.Namespace, *, max_count: int | None = None)
     return ConvertOptions(
         max_count=max_count if max_count is not None else args.max_count,
         prefix=args.prefix,
+        max_bytes=args.max_bytes,
+        group_size=args.group_size,
         workers=args.workers,
         resume=not args.no_resume,
+        overwrite=args.overwrite,
         storage_options=storage_options(args.storage_option),
     )
 
 
+class _Progress:
+    """The progress callback given to a converter: ``progress(n)`` advances the bar, and
+    ``progress.kept(n)`` (called by the engine) counts the finished shards a re-run kept."""
+
+    def __init__(self, update: Callable[[int], Any]) -> None:
+        self.update = update
+        self.shards_kept = 0
+
+    def __call__(self, n: int) -> None:
+        self.update(n)
+
+    def kept(self, shards: int) -> None:
+        self.shards_kept += shards
+
+
+@contextmanager
+def dask_client(address: str | None) -> Iterator[Any]:
+    """A ``dask.distributed.Client`` connected to ``address`` (None: yield None, no Dask)."""
+    if address is None:
+        yield None
+        return
+    try:
+        from distributed import Client
+    except ImportError as e:
+        from ..errors import missing_dependency
+
+        raise missing_dependency("distributed", "dask", "--scheduler") from e
+    with Client(address) as client:
+        yield client
+
+
 def run_converter(
-    convert: Callable[[Callable[[int], None]], Any],
+    convert: Callable[[Callable[[int], None], Any], Any],
     summary: Callable[[Any, float], str],
     *,
+    args: argparse.Namespace,
     desc: str,
     unit: str,
     total: int | None = None,
@@ -88,17 +137,25 @@ def run_converter(
     """Run one converter under a progress bar and print its one-line summary.
 
     Args:
-        convert: ``convert(progress)`` runs the conversion and returns its manifest.
-        summary: ``summary(manifest, seconds)`` is the line printed at the end.
+        convert: ``convert(progress, client)`` runs the conversion (on the Dask
+            cluster of ``client`` when it is not None) and returns its manifest.
+        summary: ``summary(manifest, seconds)`` is the line printed at the end;
+            a re-run that kept finished shards says how many.
+        args: the parsed arguments (``--scheduler``).
         desc, unit, total: the progress bar's label, unit and total (None: unknown).
 
     Returns:
         The exit status, 0.
     """
     start = time.perf_counter()
-    with progress_bar(desc, total, unit=unit) as update:
-        manifest = convert(update)
-    print(summary(manifest, time.perf_counter() - start))
+    with dask_client(args.scheduler) as client, progress_bar(desc, total, unit=unit) as update:
+        progress = _Progress(update)
+        manifest = convert(progress, client)
+    line = summary(manifest, time.perf_counter() - start)
+    if progress.shards_kept:
+        n = progress.shards_kept
+        line += f" (kept {n} finished shard{'s' if n != 1 else ''} of an earlier run)"
+    print(line)
     return 0
 
 
@@ -142,8 +199,11 @@ def _imagefolder(args: argparse.Namespace) -> int:
         )
 
     return run_converter(
-        lambda update: convert_imagefolder(args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update),
+        lambda update, client: convert_imagefolder(
+            args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client
+        ),
         summary,
+        args=args,
         desc="imagefolder",
         unit="files",
         total=total,
@@ -198,8 +258,11 @@ def _pyg(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     dataset = spec.open()
     return run_converter(
-        lambda update: convert_graphs(dataset, args.dst, spec=spec, field=field_name, options=options, progress=update),
+        lambda update, client: convert_graphs(
+            dataset, args.dst, spec=spec, field=field_name, options=options, progress=update, client=client
+        ),
         lambda m, s: f"{m.num_samples} graphs of {spec.describe()} -> {len(m.shards)} shard(s) in {args.dst}",
+        args=args,
         desc="graphs",
         unit="graph",
         total=len(dataset) if is_indexable(dataset) else None,
@@ -238,7 +301,7 @@ def _arrays(args: argparse.Namespace) -> int:
     spec = inspect_array(args.src, args.array)
     options = options_from_args(args, max_count=args.max_count or default_max_count(spec))
     return run_converter(
-        lambda update: convert_arrays(
+        lambda update, client: convert_arrays(
             args.src,
             args.dst,
             array=args.array,
@@ -247,8 +310,10 @@ def _arrays(args: argparse.Namespace) -> int:
             chunk_rows=args.chunk_rows,
             options=options,
             progress=update,
+            client=client,
         ),
         lambda m, s: f"{m.num_samples} rows of {spec.describe()} -> {len(m.shards)} shard(s) in {args.dst}",
+        args=args,
         desc="rows",
         unit="row",
         total=spec.rows,
@@ -282,11 +347,14 @@ def _lines(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     return run_converter(
-        lambda update: convert_lines(args.src, args.dst, json_lines=args.json_lines, options=options, progress=update),
+        lambda update, client: convert_lines(
+            args.src, args.dst, json_lines=args.json_lines, options=options, progress=update, client=client
+        ),
         lambda m, s: (
             f"{m.num_samples} samples from {m.meta.get('lines')} lines of {args.src} -> "
             f"{len(m.shards)} shard(s) in {args.dst}"
         ),
+        args=args,
         desc="lines",
         unit="line",
     )

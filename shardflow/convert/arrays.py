@@ -493,6 +493,7 @@ def convert_arrays(
     chunk_rows: int | None = None,
     options: ConvertOptions | None = None,
     progress: Callable[[int], None] | None = None,
+    client: Any = None,
 ) -> Manifest:
     """Convert the rows of a ``.npy``, ``.npz`` or HDF5 array into shards, one sample per row.
 
@@ -517,6 +518,9 @@ def convert_arrays(
         options: shard size, workers, resume, storage options. Default: shards of
             10,000 rows or fewer, about 1 GiB of raw row data at most.
         progress: ``progress(n)`` after every finished shard of ``n`` rows.
+        client: a ``dask.distributed.Client``: write the shards as tasks on its
+            cluster (its workers must reach the source and ``dst``); None: local
+            processes.
 
     Returns:
         The manifest; its ``meta`` holds ``source``, ``array``, ``dtype`` (numpy
@@ -581,4 +585,6 @@ def convert_arrays(
     # one descriptor per row: a tag of the source and settings (so a resumed run never keeps
     # shards of another file or encoding) and the row number; rows are read in the workers
     descriptors = ((tag, i) for i in range(spec.rows))
-    return run_conversion(dst, descriptors, _build, context=ctx, meta=meta, options=options, progress=progress)
+    return run_conversion(
+        dst, descriptors, _build, context=ctx, meta=meta, options=options, progress=progress, client=client
+    )

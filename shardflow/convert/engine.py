@@ -1,50 +1,49 @@
-"""The conversion engine every converter shares: parallel, streaming, resumable.
+"""The conversion engine every converter and :func:`shardflow.write_shards` share.
 
-A converter supplies
+A conversion is
 
-- a stream of *sample descriptors* (small picklable values: a key and a file
-  path, a row number, a graph index, ...), produced lazily by walking the
-  source, and
-- a module-level ``build(descriptors, context) -> Iterator[(key, {field: bytes})]``
-  that turns one shard's descriptors into encoded samples in a worker process.
+- a stream of *inputs* (small picklable values: a key and a file path, a row
+  number, a graph index, ...), produced lazily by walking the source and never
+  listed whole, and
+- a module-level ``build(inputs, context) -> Iterator[(key, {field: bytes}[, sizes])]``
+  that turns a list of inputs into encoded samples, in a worker.
 
-The engine cuts the descriptor stream into shards of ``max_count`` (so shard
-boundaries never depend on the number of workers), writes each shard in a
-worker process (atomic: temporary name, then rename), and rewrites the
-manifest after every finished shard, listing only complete shards. The
-manifest's ``meta.conversion`` records a hash of each shard's descriptors; a
-re-run keeps every finished shard whose hash and size still match and
-rewrites the rest, so a crashed conversion resumes where it stopped and a
-finished one is a no-op. Memory stays at the descriptors of the shards in
-flight (``2 x workers`` at most) whatever the source size.
+The engine cuts the inputs into groups of ``group_size`` consecutive inputs
+(one task each; see :mod:`shardflow.convert.groups` for the rule that fixes the
+shard boundaries and names whatever runs the tasks), runs the tasks in this
+process, in local worker processes or on a Dask cluster (``client=``), and
+records every finished group: the manifest lists only complete shards, and the
+conversion record beside it (:mod:`shardflow.convert.destination`) holds a hash
+of each group's inputs. A re-run keeps every finished group whose hash is
+unchanged and whose shards are still there at their size, and writes the rest,
+so a crashed conversion resumes where it stopped and a finished one is a no-op.
+The client holds the inputs of the tasks in flight (``2 x workers`` groups) and
+one small entry per shard, whatever the source size; workers write their shards
+straight to the destination.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
 from .. import storage
-from ..errors import ConversionError, ManifestError
-from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
-from ..urls import join_url, protocol_of
-from ..writer import ShardFile, write_manifest
+from ..errors import ConversionError, ShardflowError
+from ..format.manifest import Manifest, ShardInfo, fields_of
+from ..storage.urls import join_url, protocol_of
+from .destination import Previous, prepare_destination, remove_files, write_state
+from .executors import make_executor
+from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
 
 __all__ = ["ConvertOptions", "run_conversion", "Build"]
 
 log = logging.getLogger(__name__)
-
-# build(descriptors, context) yields (key, {field: bytes}) or (key, {field: bytes}, sizes row)
-Build = Callable[[list[Any], Any], Iterator[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
@@ -53,23 +52,37 @@ class ConvertOptions:
 
     Attributes:
         max_count: samples per shard.
+        max_bytes: shard size limit in bytes (None: no limit); a sample that would
+            cross it starts a new shard of its group.
+        group_size: inputs per task; None = ``max_count``. Shards never span two
+            groups, so with one sample per input the default gives full shards.
         prefix: shard names are ``<prefix>-%06d.tar``.
-        workers: writer processes; None = ``os.cpu_count()``; 1 writes in this process.
+        workers: writer processes; None = ``os.cpu_count()``; 1 writes in this
+            process. Not used with a Dask client (its workers run the tasks).
         resume: keep finished shards of an earlier run whose inputs are unchanged.
-        storage_options: fsspec options for a remote destination.
+        overwrite: replace a destination that holds another dataset instead of
+            refusing it.
+        storage_options: fsspec options for a remote source or destination.
         index: write per-shard offset indexes.
     """
 
     max_count: int = 10_000
+    max_bytes: int | None = None
+    group_size: int | None = None
     prefix: str = "train"
     workers: int | None = None
     resume: bool = True
+    overwrite: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     index: bool = True
 
     def __post_init__(self) -> None:
         if self.max_count < 1:
             raise ValueError(f"max_count must be >= 1, got {self.max_count}")
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1 or None, got {self.max_bytes}")
+        if self.group_size is not None and self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1 or None, got {self.group_size}")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if not self.prefix or "/" in self.prefix or "%" in self.prefix:
@@ -80,63 +93,72 @@ class ConvertOptions:
         return storage.IOOptions(storage_options=dict(self.storage_options))
 
 
-def _digest(descriptors: list[Any]) -> str:
-    h = hashlib.sha256()
-    for d in descriptors:
-        h.update(repr(d).encode("utf-8", "surrogateescape"))
-        h.update(b"\n")
-    return h.hexdigest()[:32]
+class _Run:
+    """The client side of one conversion: finished groups, records, progress."""
+
+    def __init__(self, dest: str, identity: Mapping[str, Any], meta: dict[str, Any], io: storage.IOOptions,
+                 progress: Callable[[int], None] | None) -> None:  # fmt: skip
+        self.dest = dest
+        self.identity = identity
+        self.meta = meta
+        self.io = io
+        self.progress = progress
+        self.done: dict[int, tuple[str, list[ShardInfo], list[str]]] = {}
+        self.kept = 0
+        self._last = 0.0
+
+    def finish(self, group: int, digest: str, shards: list[ShardInfo], fields: list[str]) -> None:
+        self.done[group] = (digest, shards, fields)
+        if self.progress is not None:
+            self.progress(sum(s.samples for s in shards))
+
+    def manifest(self, *, complete: bool) -> Manifest:
+        order = sorted(self.done)
+        names: dict[str, str] = {}
+        for g in order:
+            names.update(fields_of(self.done[g][2]))
+        return Manifest(
+            shards=[s for g in order for s in self.done[g][1]],
+            fields=names,
+            meta={**self.meta, "conversion": {"complete": complete}},
+        )
+
+    def record(self, *, force: bool = False, complete: bool = False) -> Manifest:
+        """Write the record and the manifest of the finished groups (at most once a second
+        unless forced: rewriting both after every group would cost O(groups^2) bytes)."""
+        now = time.monotonic()
+        manifest = self.manifest(complete=complete)
+        if force or now - self._last >= 1.0:
+            self._last = now
+            groups = {g: (d, shards) for g, (d, shards, _) in self.done.items()}
+            write_state(self.dest, self.identity, groups, manifest, self.io)
+        return manifest
 
 
-def _write_shard(
-    url: str, index_url: str | None, build: Build, descriptors: list[Any], context: Any, io: storage.IOOptions
-) -> tuple[ShardInfo, list[str]]:
-    """Worker: write one shard; returns its manifest entry and field names."""
-    with ShardFile(url, index_url, io) as shard:
-        for item in build(descriptors, context):
-            shard.write(*item)  # (key, fields) or (key, fields, sizes)
-    if shard.info is None:  # pragma: no cover - set by a clean exit
-        raise ConversionError(f"{url}: shard was not finished")
-    return shard.info, sorted(shard.fields)
+def _groups(inputs: Iterable[Any], size: int) -> Iterable[tuple[int, list[Any]]]:
+    it = iter(inputs)
+    number = 0
+    while True:
+        group = list(islice(it, size))
+        if not group:
+            return
+        yield number, group
+        number += 1
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Worker initializer: exit once the converting process is gone.
-
-    A worker blocks on the executor's call queue, whose write end every forked
-    worker also holds, so it never sees EOF: without this, ``kill -9`` of a
-    conversion left its writer processes running forever.
-    """
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # a process forked after torch ran multi-threaded ops can hang in its first large
-        # tensor copy (seen converting PyG graphs); each writer is one process, one thread
-        torch.set_num_threads(1)
-
-
-def _previous(dest_manifest: str, io: storage.IOOptions) -> tuple[dict[str, tuple[ShardInfo, str]], list[str]]:
-    """Finished shards of an earlier run (name -> (entry, descriptor hash)) and its field names."""
-    if not storage.exists(dest_manifest, io):
-        return {}, []
-    try:
-        m = Manifest.loads(b"".join(storage.iter_chunks(dest_manifest, 0, None, io)), url=dest_manifest)
-    except ManifestError as e:
-        log.warning("not resuming: %s", e)
-        return {}, []
-    hashes = m.meta.get("conversion", {}).get("hashes", {})
-    return {s.url: (s, hashes[s.url]) for s in m.shards if s.url in hashes}, sorted(m.fields)
+def _still_there(shards: list[ShardInfo], dest: str, io: storage.IOOptions) -> bool:
+    for s in shards:
+        try:
+            if storage.object_size(join_url(dest, s.url), io) != s.bytes:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def run_conversion(
     dest: str,
-    descriptors: Iterable[Any],
+    inputs: Iterable[Any],
     build: Build,
     *,
     context: Any = None,
@@ -144,149 +166,104 @@ def run_conversion(
     meta_at_end: Callable[[], Mapping[str, Any]] | None = None,
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
+    identity: Mapping[str, Any] | None = None,
+    client: Any = None,
 ) -> Manifest:
-    """Convert a descriptor stream into shards plus ``shardflow.json`` in ``dest``.
+    """Convert an input stream into shards plus ``shardflow.json`` in ``dest``.
 
     Args:
         dest: destination folder (local or fsspec URL); created if needed.
-        descriptors: sample descriptors in output order (consumed lazily).
+        inputs: the inputs in output order (consumed lazily, one group at a time).
         build: module-level function run in workers, see the module docstring.
         context: picklable value passed to every ``build`` call (paths, options).
         meta: the manifest's ``meta`` (``class_to_idx``, source, schema, ...).
-        meta_at_end: called after the last shard; its result is merged into ``meta``.
-        options: shard size, workers, resume, storage options.
+        meta_at_end: called after the last group; its result is merged into ``meta``.
+        options: shard size, group size, workers, resume, overwrite, storage options.
         progress: ``progress(n)`` is called with the number of samples of
-            every finished (or kept) shard.
+            every finished (or kept) group; if it has a ``kept(shards)`` method,
+            that is called once with the number of finished shards of an
+            earlier run that were kept.
+        identity: what makes this dataset (converter, source), JSON values; a
+            destination holding a dataset of another identity is refused unless
+            ``options.overwrite``. Default: ``meta["converter"]`` and ``meta["source"]``.
+        client: a ``dask.distributed.Client``: run the tasks on its cluster
+            (its workers must reach the source and ``dest``).
 
     Returns:
         The final manifest, shards in order.
 
     Raises:
-        ConversionError: a worker failed; names the shard. Finished shards stay
-            listed, so a re-run resumes.
+        DestinationExistsError: ``dest`` holds another dataset (see
+            :mod:`shardflow.convert.destination`).
+        ConversionError: a task failed; names the shard (and ``build``'s error
+            names the input). Finished groups stay recorded, so a re-run resumes.
     """
     io = options.io
-    if "://" not in dest:
-        os.makedirs(dest, exist_ok=True)
-        _remove_stale_temporaries(dest, options.prefix)
-    murl = join_url(dest, MANIFEST_NAME)
-    previous, previous_fields = _previous(murl, io) if options.resume else ({}, [])
-    done: dict[int, tuple[ShardInfo, list[str], str]] = {}
     meta = dict(meta or {})
-    kept = 0
-
-    last_record = [0.0]
-
-    def record(force: bool = False) -> None:
-        # The progress manifest lists every finished shard so that a crash loses at most the
-        # shards of the last second; rewriting it after every shard would cost O(shards^2) bytes.
-        now = time.monotonic()
-        if not force and now - last_record[0] < 1.0:
-            return
-        last_record[0] = now
-        write_manifest(murl, _manifest(done, meta, complete=False, url=murl), io)
-
+    identity = json.loads(json.dumps(
+        identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
+    ))  # fmt: skip
+    local = storage.is_local(dest)
+    if local:
+        os.makedirs(dest[len("file://") :] if dest.startswith("file://") else dest, exist_ok=True)
+    previous = prepare_destination(dest, identity, prefix=options.prefix, resume=options.resume, overwrite=options.overwrite, io=io)
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
-        workers = 1  # memory:// lives in this process: shards written by worker processes would be lost
-    pool = ProcessPoolExecutor(workers, initializer=_exit_with_parent, initargs=(os.getpid(),)) if workers > 1 else None
-    pending: dict[Future, tuple[int, str, str]] = {}
+        if client is not None:
+            raise ValueError(f"{dest}: a memory:// destination lives in this process; Dask workers cannot write it")
+        workers = 1  # shards written by worker processes would be lost
+    plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io)
+    run = _Run(dest, identity, meta, io, progress)
+    executor = make_executor(workers, client)
+    pending: dict[Any, tuple[int, str]] = {}
 
-    def collect(block: bool) -> None:
-        if not pending:
-            return
-        finished, _ = wait(list(pending), return_when=FIRST_COMPLETED) if block else (
-            [f for f in pending if f.done()],
-            None,
-        )
-        for fut in finished:
-            n, url, digest = pending.pop(fut)
+    def collect(futures: Iterable[Any]) -> None:
+        for fut in futures:
+            group, digest = pending.pop(fut)
             try:
-                info, names = fut.result()
-            except Exception as e:
-                raise ConversionError(f"writing shard {url} failed: {type(e).__name__}: {e}") from e
-            done[n] = (info, names, digest)
-            if progress:
-                progress(info.samples)
-        if finished:
-            record()
+                result: GroupResult = fut.result()
+            except ShardflowError:
+                raise  # names the shard and the input already
+            except Exception as e:  # the task itself was lost (a worker died too often, ...)
+                raise ConversionError(f"group {group} of {dest} failed: {type(e).__name__}: {e}") from e
+            run.finish(group, digest, list(result.shards), list(result.fields))
+        run.record()
 
-    it = iter(descriptors)
-    n = 0
     try:
-        while True:
-            group = list(islice(it, options.max_count))
-            if not group:
-                break
-            name = f"{options.prefix}-{n:06d}.tar"
-            url = join_url(dest, name)
-            digest = _digest(group)
-            old = previous.get(name)
-            if old is not None and old[1] == digest and _same_size(url, old[0].bytes, io):
-                done[n] = (old[0], previous_fields, digest)
-                kept += 1
-                if progress:
-                    progress(old[0].samples)
-            else:
-                index_url = url + ".idx.npy" if options.index else None
-                if pool is None:
-                    try:
-                        info, names = _write_shard(url, index_url, build, group, context, io)
-                    except Exception as e:
-                        raise ConversionError(f"writing shard {url} failed: {type(e).__name__}: {e}") from e
-                    done[n] = (info, names, digest)
-                    if progress:
-                        progress(info.samples)
-                    record()
-                else:
-                    pending[pool.submit(_write_shard, url, index_url, build, group, context, io)] = (n, url, digest)
-                    while len(pending) >= 2 * workers:
-                        collect(block=True)
-            n += 1
+        for number, group in _groups(inputs, options.group_size or options.max_count):
+            digest = group_digest(group, plan)
+            old = previous.groups.get(number)
+            if old is not None and old[0] == digest and _still_there(old[1], dest, io):
+                run.kept += len(old[1])
+                run.finish(number, digest, old[1], previous.fields)
+                continue
+            pending[executor.submit(write_group, number, group, build, context, plan)] = (number, digest)
+            while len(pending) >= executor.slots:
+                collect(executor.wait_any(list(pending)))
         while pending:
-            collect(block=True)
+            collect(executor.wait_any(list(pending)))
     except BaseException:
-        if done:
-            record(force=True)  # keep every finished shard listed for the re-run
+        if run.done:
+            run.record(force=True)  # keep every finished group recorded for the re-run
         raise
     finally:
-        if pool is not None:
-            for f in pending:
-                f.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-    if kept:
-        log.info("kept %d finished shard(s) from an earlier run", kept)
+        executor.close()
+    if run.kept:
+        log.info("%s: kept %d finished shard(s) of an earlier run", dest, run.kept)
+        kept = getattr(progress, "kept", None)
+        if callable(kept):
+            kept(run.kept)
     if meta_at_end is not None:
         meta.update(meta_at_end())
-    manifest = _manifest(done, meta, complete=True, url=murl)
-    write_manifest(murl, manifest, io)
+    manifest = run.record(force=True, complete=True)
+    _remove_replaced(dest, previous, manifest, io)
     return manifest
 
 
-def _manifest(done: Mapping[int, tuple[ShardInfo, list[str], str]], meta: Mapping[str, Any], *, complete: bool, url: str) -> Manifest:
-    """The manifest of the finished shards, in shard order, with the conversion record."""
-    order = sorted(done)
-    fields: dict[str, str] = {}
-    for n in order:
-        fields.update(fields_of(done[n][1]))
-    return Manifest(
-        shards=[done[n][0] for n in order],
-        fields=fields,
-        meta={**meta, "conversion": {"complete": complete, "hashes": {done[n][0].url: done[n][2] for n in order}}},
-        url=url,
-    )
-
-
-def _remove_stale_temporaries(dest: str, prefix: str) -> None:
-    """Remove temporary shard files a crashed run left (``.<prefix>-NNNNNN.tar*.tmp``)."""
-    for entry in os.scandir(dest):
-        if entry.name.startswith(f".{prefix}-") and entry.name.endswith(".tmp") and entry.is_file():
-            log.info("removing %s, left by an interrupted conversion", entry.path)
-            os.remove(entry.path)
-
-
-def _same_size(url: str, size: int, io: storage.IOOptions) -> bool:
-    try:
-        return storage.object_size(url, io) == size
-    except OSError:
-        return False
+def _remove_replaced(dest: str, previous: Previous, manifest: Manifest, io: storage.IOOptions) -> None:
+    """Remove the shards of an earlier run that this one did not write again (other options)."""
+    now = {s.url for s in manifest.shards}
+    gone = sorted(previous.names - now)
+    if gone:
+        log.info("%s: removing %d shard(s) of the earlier run that this one replaced", dest, len(gone))
+        remove_files(dest, [n + ext for n in gone for ext in ("", ".idx.npy", ".sizes.npy")], io)

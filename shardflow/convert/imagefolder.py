@@ -15,8 +15,12 @@ Conventions (torchvision's ``ImageFolder``, made safe for large trees):
   sorted by name, then its subdirectories sorted by name, depth first.
 - A class with no image is an error unless ``allow_empty`` (it keeps its index).
 
-The walk is a stream: one ``os.scandir`` per directory, sorted per directory,
-never a listing of the whole tree; memory holds one directory's names per level
+``SRC`` is a local folder or any fsspec URL (``s3://bucket/train``,
+``gs://...``, ``memory://...``): a tree in a bucket and a local copy of it give
+the same classes, keys, order, ``class_to_idx`` and shard bytes. The walk is a
+stream (:mod:`shardflow.convert.walk`): one listing per directory
+(``os.scandir``, or the store's paginated ``ls``), sorted per directory, never a
+listing of the whole tree or bucket; memory holds one directory's names per level
 of depth plus the descriptors of the shards in flight (see
 :mod:`shardflow.convert.engine`).
 
@@ -43,12 +47,14 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import ConversionError
 from ..format.keys import IMAGE_EXTENSIONS
 from ..format.manifest import Manifest
 from .engine import ConvertOptions, run_conversion
+from .walk import LocalTree, Tree, extension, iter_dirs, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -66,9 +72,13 @@ _UNESCAPE = re.compile(r"%([0-9A-F]{2})")
 _EXTENSION = re.compile(r"[a-z0-9_+-]+")
 
 # A descriptor, one per sample, built in the walking process and sent to workers:
-# (key, field, path relative to SRC, class index, size in bytes, mtime in ns).
-# Size and mtime make a re-run rewrite a shard whose files changed in place.
-Descriptor = tuple[str, str, str, int, int, int]
+# (key, field, path relative to SRC, class index, size in bytes, version: mtime in ns
+# locally, the store's ETag or modification time in a bucket).
+# Size and version make a re-run rewrite a shard whose files changed in place.
+Descriptor = tuple[str, str, str, int, int, Any]
+
+READ_THREADS = 16
+"""Objects a worker reads at once from a bucket (in order; at most twice as many held)."""
 
 
 def _escape(stem: str) -> str:
@@ -107,12 +117,6 @@ def key_to_path(key: str) -> tuple[str, str | None]:
     return head + slash + name, (ext if tilde else None)
 
 
-def _extension(name: str) -> str:
-    """Lower-cased extension after the last dot ('' when none)."""
-    dot = name.rfind(".")
-    return name[dot + 1 :].lower() if dot > 0 else ""
-
-
 def _normalize_extensions(extensions: Collection[str]) -> frozenset[str]:
     if isinstance(extensions, str):
         raise TypeError("extensions must be a collection of extensions, e.g. ('jpg', 'png'), not a str")
@@ -122,11 +126,12 @@ def _normalize_extensions(extensions: Collection[str]) -> frozenset[str]:
     return exts
 
 
-def find_classes(src: str | os.PathLike[str]) -> list[str]:
+def find_classes(src: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> list[str]:
     """The class names of an ImageFolder tree.
 
     Args:
-        src: the tree's root.
+        src: the tree's root, a local folder or an fsspec URL.
+        storage_options: fsspec options for a remote ``src``.
 
     Returns:
         The sorted names of the non-hidden subdirectories of ``src`` (symlinks
@@ -135,198 +140,196 @@ def find_classes(src: str | os.PathLike[str]) -> list[str]:
     Raises:
         FileNotFoundError, NotADirectoryError: ``src`` is not a directory.
     """
-    return _scan_root(os.fspath(src))[0]
+    return _scan_root(_tree(src, storage_options))[0]
 
 
-def _scan_root(src: str) -> tuple[list[str], int, int]:
+def _tree(src: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Tree:
+    from .. import storage
+
+    return open_tree(os.fspath(src), storage.IOOptions(storage_options=dict(storage_options or {})))
+
+
+def _scan_root(tree: Tree) -> tuple[list[str], int, int]:
     """``(classes, ignored files, skipped directories)`` of the tree's root."""
     classes: list[str] = []
     files = dirs = 0
-    with os.scandir(src) as it:
-        for entry in it:
-            is_dir = entry.is_dir()
-            if is_dir and not entry.name.startswith("."):
-                classes.append(entry.name)
-                continue
-            if is_dir:
-                dirs += 1
-            else:
-                files += 1
-            log.debug("%s: not a class directory, ignored", entry.path)
+    for entry in tree.scan(""):
+        if entry.is_dir and not entry.name.startswith("."):
+            classes.append(entry.name)
+            continue
+        if entry.is_dir:
+            dirs += 1
+        else:
+            files += 1
+        log.debug("%s: not a class directory, ignored", tree.url(entry.name))
     return sorted(classes), files, dirs
 
 
-def _dir_id(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+def list_class(tree: Tree, index: int, cls: str, extensions: frozenset[str]) -> tuple[list[Descriptor], dict[str, int]]:
+    """Every descriptor of one class, in output order, and the counts of what was skipped.
+
+    The listing task of a Dask conversion (one per class); a local conversion
+    streams :func:`iter_class` instead.
+    """
+    counts = {"ignored_files": 0, "skipped_dirs": 0}
+    return list(iter_class(tree, index, cls, extensions, counts)), counts
+
+
+def iter_class(
+    tree: Tree, index: int, cls: str, extensions: frozenset[str], counts: dict[str, int]
+) -> Iterator[Descriptor]:
+    """The descriptors of one class, depth first; adds to ``counts`` what is not a sample."""
+    stat = tree.stat if isinstance(tree, LocalTree) else None
+    for rel, entries in iter_dirs(tree, cls, counts):
+        images = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                counts["skipped_dirs" if entry.is_dir else "ignored_files"] += 1
+                log.debug("%s: hidden, ignored", tree.url(f"{rel}/{entry.name}"))
+            elif entry.is_dir:
+                continue
+            elif entry.is_file and extension(entry.name) in extensions:
+                images.append(entry)
+            else:
+                counts["ignored_files"] += 1
+                log.debug("%s: not an image file, ignored", tree.url(f"{rel}/{entry.name}"))
+        for entry, base in zip(images, _key_names([e.name for e in images])):
+            path = f"{rel}/{entry.name}"
+            size, version = stat(path) if stat is not None else (entry.size, entry.version)
+            yield f"{rel}/{base}", extension(entry.name), path, index, size, version
 
 
 class _Walk:
-    """The streaming walk of the class directories; counts what it sees."""
+    """The streaming walk of the class directories (in this process, or as Dask tasks)."""
 
-    def __init__(self, src: str, classes: list[str], extensions: frozenset[str]) -> None:
-        self.src = src
+    def __init__(self, tree: Tree, classes: list[str], extensions: frozenset[str], client: Any) -> None:
+        self.tree = tree
         self.classes = classes
         self.extensions = extensions
+        self.client = client
         self.class_counts = [0] * len(classes)
-        self.ignored_files = 0
-        self.skipped_dirs = 0
-
-    def _list(self, path: str) -> tuple[list[str], list[str]]:
-        """One directory's image names and subdirectory names, both sorted."""
-        images: list[str] = []
-        dirs: list[str] = []
-        with os.scandir(path) as it:
-            for entry in it:
-                name = entry.name
-                if name.startswith("."):
-                    if entry.is_dir():
-                        self.skipped_dirs += 1
-                    else:
-                        self.ignored_files += 1
-                    log.debug("%s: hidden, ignored", entry.path)
-                elif entry.is_dir():
-                    dirs.append(name)
-                elif _extension(name) in self.extensions and entry.is_file():
-                    images.append(name)
-                else:
-                    self.ignored_files += 1
-                    log.debug("%s: not an image file, ignored", entry.path)
-        images.sort()
-        dirs.sort()
-        return images, dirs
-
-    def _class_files(self, cls: str) -> Iterator[tuple[str, str, str]]:
-        """``(relative directory, image name, key basename)`` of one class, depth first.
-
-        The relative directory starts with the class name and ends with ``/``.
-        """
-        root = os.path.join(self.src, cls)
-        # (sorted subdirectories still to visit, directory id) for each directory on
-        # the current path; the ids stop symlink loops
-        stack: list[tuple[Iterator[str], tuple[int, int] | None]] = []
-        rel: str | None = ""
-        ident = _dir_id(root)
-        while rel is not None:
-            images, dirs = self._list(os.path.join(root, rel) if rel else root)
-            prefix = f"{cls}/{rel}"
-            for name, base in zip(images, _key_names(images)):
-                yield prefix, name, base
-            stack.append((iter([f"{rel}{d}/" for d in dirs]), ident))
-            rel = None
-            while stack and rel is None:
-                child = next(stack[-1][0], None)
-                if child is None:
-                    stack.pop()
-                    continue
-                path = os.path.join(root, child)
-                ident = _dir_id(path)
-                if ident is None or any(ident == i for _, i in stack):
-                    self.skipped_dirs += 1
-                    log.warning("%s: %s, skipped", path, "unreadable" if ident is None else "a symlink loop")
-                    continue
-                rel = child
+        self.counts = {"ignored_files": 0, "skipped_dirs": 0}
 
     def descriptors(self) -> Iterator[Descriptor]:
         """Every sample's descriptor, in output order."""
-        for idx, cls in enumerate(self.classes):
-            for prefix, name, base in self._class_files(cls):
-                rel = prefix + name
-                st = os.stat(os.path.join(self.src, rel))
+        for idx, found in enumerate(self._classes()):
+            for d in found:
                 self.class_counts[idx] += 1
-                yield prefix + base, _extension(name), rel, idx, st.st_size, st.st_mtime_ns
+                yield d
+
+    def _classes(self) -> Iterator[Iterator[Descriptor]]:
+        if self.client is None:
+            for idx, cls in enumerate(self.classes):
+                yield iter_class(self.tree, idx, cls, self.extensions, self.counts)
+            return
+        # one listing task per class, a few classes ahead of the writing, results taken in order
+        ahead = 2 * max(1, len(self.client.scheduler_info().get("workers", {})))
+        futures: list[Any] = []
+        for idx, cls in enumerate(self.classes):
+            futures.append(self.client.submit(list_class, self.tree, idx, cls, self.extensions, pure=False))
+            if len(futures) > ahead:
+                yield self._take(futures.pop(0))
+        while futures:
+            yield self._take(futures.pop(0))
+
+    def _take(self, future: Any) -> Iterator[Descriptor]:
+        found, counts = future.result()
+        for k, v in counts.items():
+            self.counts[k] += v
+        return iter(found)
 
     def summary(self) -> dict[str, Any]:
         """Counts for the manifest's ``meta`` (call after the walk)."""
-        return {
-            "class_counts": dict(zip(self.classes, self.class_counts)),
-            "ignored_files": self.ignored_files,
-            "skipped_dirs": self.skipped_dirs,
-        }
+        return {"class_counts": dict(zip(self.classes, self.class_counts)), **self.counts}
 
 
-def _has_image(root: str, extensions: frozenset[str]) -> bool:
+def _has_image(tree: Tree, cls: str, extensions: frozenset[str]) -> bool:
     """Whether a class directory holds an image at any depth; stops at the first one."""
-    seen = {_dir_id(root)}
-    todo = [root]
+    return next(_images(tree, cls, extensions), None) is not None
+
+
+def _images(tree: Tree, top: str, extensions: frozenset[str]) -> Iterator[str]:
+    """The images under ``top`` in no particular order (listings only, no sorting)."""
+    seen = {tree.dir_id(top)}
+    todo = [top]
     while todo:
-        path = todo.pop()
+        rel = todo.pop()
         subdirs = []
-        with os.scandir(path) as it:
-            for entry in it:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    subdirs.append(entry.path)
-                elif _extension(entry.name) in extensions and entry.is_file():
-                    return True
+        for entry in tree.scan(rel):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir:
+                subdirs.append(f"{rel}/{entry.name}")
+            elif entry.is_file and extension(entry.name) in extensions:
+                yield entry.name
         for sub in subdirs:
-            ident = _dir_id(sub)
+            ident = tree.dir_id(sub)
             if ident is not None and ident not in seen:
                 seen.add(ident)
                 todo.append(sub)
-    return False
 
 
 def count_images(
-    src: str | os.PathLike[str], extensions: Collection[str] = IMAGE_EXTENSIONS
+    src: str | os.PathLike[str],
+    extensions: Collection[str] = IMAGE_EXTENSIONS,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, int]:
     """Count the images of every class, as :func:`convert_imagefolder` takes them.
 
-    One ``os.scandir`` pass that keeps counts only (no names, no sorting, no
+    One listing pass that keeps counts only (no names kept, no sorting, no
     ``stat`` of image files); the CLI uses it for the progress bar's total.
 
     Returns:
         ``{class name: image count}`` in class order.
     """
-    src = os.fspath(src)
+    tree = _tree(src, storage_options)
     exts = _normalize_extensions(extensions)
-    return {cls: _count_class(os.path.join(src, cls), exts) for cls in find_classes(src)}
+    return {cls: sum(1 for _ in _images(tree, cls, exts)) for cls in _scan_root(tree)[0]}
 
 
-def _count_class(root: str, extensions: frozenset[str]) -> int:
-    seen = {_dir_id(root)}
-    todo = [root]
-    count = 0
-    while todo:
-        with os.scandir(todo.pop()) as it:
-            for entry in it:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    ident = _dir_id(entry.path)
-                    if ident is not None and ident not in seen:
-                        seen.add(ident)
-                        todo.append(entry.path)
-                elif _extension(entry.name) in extensions and entry.is_file():
-                    count += 1
-    return count
+def _read_in_order(tree: Tree, descriptors: list[Descriptor]) -> Iterator[bytes]:
+    """The files' bytes in order; from a bucket :data:`READ_THREADS` objects at a time."""
+    if isinstance(tree, LocalTree):
+        for d in descriptors:
+            yield tree.read(d[2])
+        return
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="shardflow-read") as pool:
+        window: list[Any] = []
+        for d in descriptors:
+            window.append(pool.submit(tree.read, d[2]))
+            if len(window) >= 2 * READ_THREADS:
+                yield window.pop(0).result()
+        for fut in window:
+            yield fut.result()
 
 
-def _build(descriptors: list[Descriptor], src: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Engine build step (worker process): read each image's bytes as stored."""
+def _build(descriptors: list[Descriptor], tree: Tree) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Engine build step (worker): read each image's bytes as stored."""
+    reads = _read_in_order(tree, descriptors)
     for key, field, rel, idx, size, _ in descriptors:
-        path = os.path.join(src, rel)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise ConversionError(f"{path}: cannot read the image: {e}") from e
+            data = next(reads)
+        except (OSError, ValueError) as e:
+            raise ConversionError(f"{tree.url(rel)}: cannot read the image: {e}") from e
         if len(data) != size:
-            raise ConversionError(f"{path}: changed during the conversion ({size} bytes when listed, {len(data)} when read)")
+            raise ConversionError(
+                f"{tree.url(rel)}: changed during the conversion ({size} bytes when listed, {len(data)} when read)"
+            )
         yield key, {field: data, "cls": b"%d" % idx}
 
 
 def _check_destination(src: str, dst: str) -> None:
-    if "://" in dst and not dst.startswith("file://"):
+    from .. import storage
+
+    if storage.is_local(src) != storage.is_local(dst):
         return
-    local = dst[len("file://") :] if dst.startswith("file://") else dst
-    real_src = os.path.realpath(src)
-    real_dst = os.path.realpath(local)
-    if real_dst == real_src or real_dst.startswith(real_src.rstrip(os.sep) + os.sep):
+    if storage.is_local(dst):
+        strip = lambda u: u[len("file://") :] if u.startswith("file://") else u  # noqa: E731
+        inner, outer = os.path.realpath(strip(dst)), os.path.realpath(strip(src))
+        sep = os.sep
+    else:
+        inner, outer, sep = dst.rstrip("/"), src.rstrip("/"), "/"
+    if inner == outer or inner.startswith(outer.rstrip(sep) + sep):
         raise ConversionError(f"destination {dst!r} is inside the source tree {src!r}: it would be read as a class; choose a folder outside it")
 
 
@@ -338,62 +341,72 @@ def convert_imagefolder(
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
     extensions: Collection[str] = IMAGE_EXTENSIONS,
+    client: Any = None,
 ) -> Manifest:
     """Convert an ImageFolder tree into tar shards plus ``shardflow.json``.
 
     See the module docstring for which files are samples, their order and the
     key rule. Each sample has the field ``<ext>`` (the file's bytes as stored,
     ``<ext>`` its extension lower-cased) and ``cls`` (int class index). The
-    output is byte-identical for the same tree whatever ``options.workers``; a
-    re-run keeps the shards a crashed or finished run completed (a shard is
-    rewritten when any of its files changed path, size or mtime).
+    output is byte-identical for the same tree whatever ``options.workers``,
+    the engine (local processes or Dask) and where the tree is (a folder or a
+    bucket); a re-run keeps the shards a crashed or finished run completed (a
+    shard is rewritten when any of its files changed path, size or version).
 
     Args:
-        src: the tree's root (a local folder).
+        src: the tree's root: a local folder or an fsspec URL (``s3://bucket/train``).
         dst: destination folder, local or fsspec URL (not inside ``src``).
         allow_empty: keep classes with no image (with their index) instead of
             raising.
-        options: shard size, prefix, workers, resume, storage options.
+        options: shard size, prefix, workers, resume, overwrite, storage options
+            (used for both ``src`` and ``dst``).
         progress: ``progress(n)`` is called with the sample count of every
             finished (or kept) shard.
         extensions: file extensions taken as images (case-insensitive).
+        client: a ``dask.distributed.Client``: list each class folder and write
+            the shards as tasks on its cluster (its workers must reach ``src``
+            and ``dst``); None: local processes.
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
-        path of ``src``), ``extensions``, ``class_counts`` (images per class),
-        ``ignored_files`` (files in ``src`` or in class folders that are not
-        samples: hidden, not images, not regular) and ``skipped_dirs`` (hidden
-        directories, symlink loops).
+        path or URL of ``src``), ``extensions``, ``class_counts`` (images per
+        class), ``ignored_files`` (files in ``src`` or in class folders that are
+        not samples: hidden, not images, not regular) and ``skipped_dirs``
+        (hidden directories, symlink loops).
 
     Raises:
         ConversionError: ``src`` has no class folder; some classes have no
             image (one error naming all of them, raised before any shard is
             written); ``dst`` is inside ``src``; an image could not be read or
             changed during the conversion.
+        DestinationExistsError: ``dst`` holds another dataset (and not
+            ``options.overwrite``).
         FileNotFoundError, NotADirectoryError: ``src`` is not a directory.
     """
     src = os.fspath(src)
     dst = os.fspath(dst)
     exts = _normalize_extensions(extensions)
     _check_destination(src, dst)
-    classes, ignored_files, skipped_dirs = _scan_root(src)
+    tree = open_tree(src, options.io)
+    classes, ignored_files, skipped_dirs = _scan_root(tree)
+    where = tree.url("")
     if not classes:
-        raise ConversionError(f"{src}: no class folders (expected SRC/<class>/<image>, e.g. {src}/cat/0001.jpg)")
-    empty = [c for c in classes if not _has_image(os.path.join(src, c), exts)]
+        raise ConversionError(f"{where}: no class folders (expected SRC/<class>/<image>, e.g. {where}/cat/0001.jpg)")
+    empty = _empty_classes(tree, classes, exts, client)
     if empty:
         listed = ", ".join(repr(c) for c in empty)
         if not allow_empty:
             raise ConversionError(
-                f"{src}: {len(empty)} of {len(classes)} classes have no images ({listed}); "
+                f"{where}: {len(empty)} of {len(classes)} classes have no images ({listed}); "
                 f"image extensions: {', '.join(sorted(exts))}. Remove them, or pass allow_empty=True "
                 "(--allow-empty) to keep them with their class index",
                 reason="empty_class",
             )
-        log.warning("%s: classes with no images kept (allow_empty): %s", src, listed)
-    walk = _Walk(src, classes, exts)
-    walk.ignored_files = ignored_files
-    walk.skipped_dirs = skipped_dirs
-    source = os.path.abspath(src)
+        log.warning("%s: classes with no images kept (allow_empty): %s", where, listed)
+    walk = _Walk(tree, classes, exts, client)
+    walk.counts["ignored_files"] = ignored_files
+    walk.counts["skipped_dirs"] = skipped_dirs
+    source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
     meta = {
         "class_to_idx": {c: i for i, c in enumerate(classes)},
         "source": source,
@@ -403,9 +416,19 @@ def convert_imagefolder(
         dst,
         walk.descriptors(),
         _build,
-        context=source,
+        context=tree,
         meta=meta,
         meta_at_end=walk.summary,
         options=options,
         progress=progress,
+        identity={"converter": "imagefolder", "source": source},
+        client=client,
     )
+
+
+def _empty_classes(tree: Tree, classes: list[str], extensions: frozenset[str], client: Any) -> list[str]:
+    """The classes with no image (checked by Dask tasks with a client)."""
+    if client is None:
+        return [c for c in classes if not _has_image(tree, c, extensions)]
+    futures = client.map(_has_image, [tree] * len(classes), classes, [extensions] * len(classes), pure=False)
+    return [c for c, has in zip(classes, client.gather(futures)) if not has]

@@ -146,6 +146,7 @@ def convert_lines(
     json_lines: bool | None = None,
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
+    client: Any = None,
 ) -> Manifest:
     """Convert a text or JSON-lines file into shards, one sample per line, as a stream.
 
@@ -164,6 +165,9 @@ def convert_lines(
         options: shard size, workers, resume, storage options (used for both
             ``src`` and ``dst``).
         progress: ``progress(n)`` after every finished shard of ``n`` lines.
+        client: a ``dask.distributed.Client``: write the shards as tasks on its
+            cluster (its workers must reach the source and ``dst``); None: local
+            processes.
 
     Returns:
         The manifest; its ``meta`` holds ``source``, ``field``, ``compression``,
@@ -209,4 +213,5 @@ def convert_lines(
         meta_at_end=lambda: dict(counts),
         options=options,
         progress=progress,
+        client=client,
     )

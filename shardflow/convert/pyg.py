@@ -603,6 +603,7 @@ def _convert(
     field_name: str,
     options: ConvertOptions,
     progress: Callable[[int], None] | None,
+    client: Any = None,
 ) -> Manifest:
     check_graph_field(field_name)
     source = spec.describe() if spec is not None else f"{_qualname(dataset)} object"
@@ -624,6 +625,7 @@ def _convert(
             meta_at_end=lambda: {"num_graphs": state.count, "graph": state.schema, "graph_schema_from": state.observed},
             options=dataclasses.replace(options, workers=1),
             progress=progress,
+            client=client,
         )
 
     n = len(dataset)
@@ -632,6 +634,11 @@ def _convert(
     meta.update(num_graphs=n, **_dataset_info(dataset))
     meta.update(graph=schema, graph_schema_from=len(probe_at), size_columns=SIZE_COLUMNS)
     token = spec.token() if spec is not None else f"object:{id(dataset)}:{os.getpid()}"
+    if client is not None and spec is None:
+        raise ConversionError(
+            f"{source}: a dataset object cannot be sent to Dask workers; give a dataset spec "
+            "(convert_pyg('module:callable', ...)) so that each worker builds it"
+        )
     workers = options.workers or os.cpu_count() or 1
     if workers > 1 and spec is None and multiprocessing.get_start_method() != "fork":
         log.warning(
@@ -651,7 +658,9 @@ def _convert(
     previous = _DATASETS.get(token)
     _DATASETS[token] = dataset  # worker processes forked from here inherit it
     try:
-        return run_conversion(dst, descriptors, _build_indexed, context=ctx, meta=meta, options=options, progress=progress)
+        return run_conversion(
+            dst, descriptors, _build_indexed, context=ctx, meta=meta, options=options, progress=progress, client=client
+        )
     finally:
         if previous is None:
             _DATASETS.pop(token, None)
@@ -668,6 +677,7 @@ def convert_pyg(
     root: str | os.PathLike[str] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     field: str = DEFAULT_FIELD,
+    client: Any = None,
 ) -> Manifest:
     """Convert the graphs of an importable PyG dataset into shards, one sample per graph.
 
@@ -689,6 +699,9 @@ def convert_pyg(
         root: passed as ``root=`` to the callable (a PyG dataset's folder).
         kwargs: more keyword arguments for the callable.
         field: the graph's field name; must end in ``.pyg``.
+        client: a ``dask.distributed.Client``: write the shards as tasks on its
+            cluster (its workers must reach the source and ``dst``); None: local
+            processes.
 
     Returns:
         The manifest; ``meta`` holds ``converter``, ``source``, ``dataset_class``,
@@ -712,7 +725,7 @@ def convert_pyg(
         spec = DatasetSpec(dataset_spec, dict(kwargs or {}), os.fspath(root) if root is not None else None)
     check_graph_field(field)
     dataset = spec.open()
-    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress)
+    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client)
 
 
 def convert_graphs(
@@ -723,6 +736,7 @@ def convert_graphs(
     progress: Callable[[int], None] | None = None,
     field: str = DEFAULT_FIELD,
     spec: DatasetSpec | None = None,
+    client: Any = None,
 ) -> Manifest:
     """Convert a dataset object already in hand (``InMemoryDataset``, ``OnDiskDataset``,
     a list of ``Data``, a generator of graphs) into shards, as :func:`convert_pyg`.
@@ -733,9 +747,10 @@ def convert_graphs(
     for the short form.
 
     ``spec``, when the dataset was built by :meth:`DatasetSpec.open`, names the
-    source in the manifest and lets workers not started by ``fork`` build it again.
+    source in the manifest and lets workers not started by ``fork`` (and Dask
+    workers, with ``client``) build it again.
     """
-    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress)
+    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client)
 
 
 def to_shards(

@@ -11,7 +11,8 @@ Everything that touches bytes on disk or on a remote store goes through here:
   is the entry point of the tar reader;
 - :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
 - :func:`open_output` writes an object atomically (it appears only when complete);
-- :func:`join_url`, :func:`is_local`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`.
+- :func:`join_url`, :func:`is_local`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`;
+- :func:`filesystem` gives the fsspec filesystem of a URL (listing and removing objects).
 
 Remote I/O is fsspec's (``s3://``, ``gs://``, ``http(s)://``, ``memory://`` ...). HTTP
 bodies are read raw: ``Accept-Encoding: identity`` is sent and a ``Content-Encoding``
@@ -37,6 +38,7 @@ from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_c
 
 from . import fork  # noqa: F401 - registers the fork hooks
 from .errors import RemoteWriteError, ShardChangedError, ShardNotFoundError
+from .filesystems import filesystem
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions
@@ -57,6 +59,7 @@ __all__ = [
     "decompressing_chunks",
     "exists",
     "expand_urls",
+    "filesystem",
     "is_compressed",
     "is_dir",
     "is_local",

@@ -1,0 +1,223 @@
+"""The destination of a conversion: what an earlier run left there, and whether it is ours.
+
+Beside the manifest, a conversion keeps its record, ``.shardflow-convert.json``:
+which converter and source made the dataset (its *identity*) and, per finished
+group of inputs (see :mod:`shardflow.convert.groups`), the hash of its inputs
+and the names of its shards. The record is written before the manifest, so a
+shard listed in the manifest is always in the record. The manifest itself holds
+only what describes the dataset, so the same inputs give the same manifest
+bytes, wherever they were read from and however often the run was resumed.
+
+A destination is taken as it is when it is empty or holds an earlier run of
+the same conversion (same identity: then its finished groups are kept when
+resuming). Anything else that is a dataset (a manifest of another source or
+converter, or tar files) is refused with :class:`DestinationExistsError`
+unless ``overwrite``, which removes the old dataset's manifest, record, shards
+and their index files first. Other files are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import storage
+from ..errors import DestinationExistsError, ManifestError
+from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..storage.urls import join_url
+from ..writer import write_manifest
+
+__all__ = ["STATE_NAME", "Previous", "prepare_destination", "write_state", "remove_files"]
+
+log = logging.getLogger(__name__)
+
+STATE_NAME = ".shardflow-convert.json"
+"""The conversion record beside the manifest."""
+
+_STATE_FORMAT = "shardflow-conversion"
+_STATE_VERSION = 1
+
+
+@dataclass
+class Previous:
+    """What an earlier run of the same conversion finished.
+
+    Attributes:
+        groups: group number -> (input hash, its shard entries in order).
+        fields: field names of the earlier dataset.
+        names: every shard name the earlier manifest listed (to remove the ones
+            this run does not write again).
+    """
+
+    groups: dict[int, tuple[str, list[ShardInfo]]] = field(default_factory=dict)
+    fields: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+
+
+def _read_json(url: str, io: storage.IOOptions) -> bytes | None:
+    try:
+        if not storage.exists(url, io):
+            return None
+        return b"".join(storage.iter_chunks(url, 0, None, io))
+    except FileNotFoundError:
+        return None
+
+
+def _entries(dest: str, io: storage.IOOptions) -> list[str]:
+    """Names of the files directly in ``dest`` ([] when it does not exist)."""
+    if storage.is_local(dest):
+        path = dest[len("file://") :] if dest.startswith("file://") else dest
+        try:
+            with os.scandir(path) as it:
+                return sorted(e.name for e in it if e.is_file())
+        except FileNotFoundError:
+            return []
+    fs, path = storage.filesystem(dest, io)
+    try:
+        infos = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(posixpath.basename(i["name"].rstrip("/")) for i in infos if i.get("type") != "directory")
+
+
+def _describe(identity: Mapping[str, Any] | None) -> str:
+    if not identity:
+        return "a dataset not written by a shardflow converter"
+    return "a dataset converted by " + ", ".join(f"{k} {v}" for k, v in identity.items())
+
+
+def _dataset_files(names: Iterable[str]) -> list[str]:
+    """Shard files and their index sidecars among ``names``."""
+    return [n for n in names if not n.startswith(".") and (n.endswith(".tar") or ".tar." in n)]
+
+
+def remove_files(dest: str, names: Iterable[str], io: storage.IOOptions) -> None:
+    """Remove the files ``names`` of ``dest`` that exist (missing ones are fine)."""
+    for name in names:
+        url = join_url(dest, name)
+        with contextlib.suppress(FileNotFoundError):
+            if storage.is_local(url):
+                os.remove(url[len("file://") :] if url.startswith("file://") else url)
+            else:
+                fs, path = storage.filesystem(url, io)
+                if fs.exists(path):
+                    fs.rm(path)
+
+
+def _old_dataset_files(manifest: Manifest | None, names: list[str]) -> list[str]:
+    out = set(_dataset_files(names))
+    for s in manifest.shards if manifest is not None else []:
+        out.update(n for n in (s.url, s.index, s.sizes) if n and "/" not in n and "://" not in n)
+    return sorted(out)
+
+
+def _remove_temporaries(dest: str, names: list[str], prefix: str) -> list[str]:
+    """Remove temporary shard files a crashed local run left (``.<prefix>-NNNNNN.tar*.tmp``)."""
+    left = []
+    for name in names:
+        if name.startswith(f".{prefix}-") and name.endswith(".tmp") and storage.is_local(dest):
+            path = os.path.join(dest[len("file://") :] if dest.startswith("file://") else dest, name)
+            log.info("removing %s, left by an interrupted conversion", path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        else:
+            left.append(name)
+    return left
+
+
+def prepare_destination(
+    dest: str, identity: Mapping[str, Any], *, prefix: str, resume: bool, overwrite: bool, io: storage.IOOptions
+) -> Previous:
+    """Check ``dest`` before a conversion writes into it (one listing); returns what can be kept.
+
+    Temporary files of a crashed local run are removed.
+
+    Raises:
+        DestinationExistsError: ``dest`` holds another dataset and ``overwrite``
+            is False (the message says which dataset and how to replace it).
+    """
+    names = _remove_temporaries(dest, _entries(dest, io), prefix)
+    if not names:
+        return Previous()
+    murl = join_url(dest, MANIFEST_NAME)
+    manifest = None
+    raw = _read_json(murl, io) if MANIFEST_NAME in names else None
+    if raw is not None:
+        try:
+            manifest = Manifest.loads(raw, url=murl)
+        except ManifestError as e:
+            log.warning("%s", e)
+    state = _load_state(join_url(dest, STATE_NAME), io) if STATE_NAME in names else None
+    if manifest is not None and state is not None and state.get("identity") == dict(identity):
+        previous = Previous(names={s.url for s in manifest.shards}, fields=sorted(manifest.fields))
+        if resume:
+            previous.groups = _finished_groups(manifest, state)
+        return previous
+    old = _old_dataset_files(manifest, names)
+    if manifest is None and not old:
+        return Previous()  # other files only (notes, a README): not a dataset
+    what = _describe(state.get("identity") if state else None) if manifest is not None else f"{len(old)} tar file(s)"
+    if not overwrite:
+        raise DestinationExistsError(
+            f"{dest} already holds {what}; a conversion of {', '.join(f'{k} {v}' for k, v in identity.items())} "
+            "would mix with it. Choose an empty folder, or pass overwrite=True (--overwrite) to replace it"
+        )
+    log.warning("%s: replacing %s (overwrite): removing %d file(s)", dest, what, len(old) + 2)
+    remove_files(dest, [MANIFEST_NAME, STATE_NAME, *old], io)
+    return Previous()
+
+
+def _load_state(url: str, io: storage.IOOptions) -> dict[str, Any] | None:
+    raw = _read_json(url, io)
+    if raw is None:
+        return None
+    try:
+        state = json.loads(raw)
+    except ValueError:
+        log.warning("%s: not valid JSON, ignored", url)
+        return None
+    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+        log.warning("%s: not a conversion record this version reads, ignored", url)
+        return None
+    return state
+
+
+def _finished_groups(manifest: Manifest, state: Mapping[str, Any]) -> dict[int, tuple[str, list[ShardInfo]]]:
+    by_name = {s.url: s for s in manifest.shards}
+    out: dict[int, tuple[str, list[ShardInfo]]] = {}
+    groups = state.get("groups")
+    for key, entry in (groups.items() if isinstance(groups, dict) else []):
+        try:
+            names = [str(n) for n in entry["shards"]]
+            digest = str(entry["digest"])
+            number = int(key)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if names and all(n in by_name for n in names):
+            out[number] = (digest, [by_name[n] for n in names])
+    return out
+
+
+def write_state(
+    dest: str,
+    identity: Mapping[str, Any],
+    groups: Mapping[int, tuple[str, Iterable[ShardInfo]]],
+    manifest: Manifest,
+    io: storage.IOOptions,
+) -> None:
+    """Write the conversion record, then the manifest (both atomically)."""
+    state = {
+        "format": _STATE_FORMAT,
+        "version": _STATE_VERSION,
+        "identity": dict(identity),
+        "groups": {str(g): {"digest": d, "shards": [s.url for s in shards]} for g, (d, shards) in sorted(groups.items())},
+    }
+    with storage.open_output(join_url(dest, STATE_NAME), io) as f:
+        f.write((json.dumps(state, indent=1, sort_keys=True, default=str) + "\n").encode())
+    write_manifest(join_url(dest, MANIFEST_NAME), manifest, io)
