@@ -33,7 +33,7 @@ from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage.urls import join_url
 from ..writer import write_manifest
 
-__all__ = ["STATE_NAME", "Previous", "prepare_destination", "write_state", "remove_files"]
+__all__ = ["STATE_NAME", "Previous", "prepare_destination", "remove_files", "remove_temporaries", "write_state"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,11 @@ def _old_dataset_files(manifest: Manifest | None, names: list[str]) -> list[str]
     for s in manifest.shards if manifest is not None else []:
         out.update(n for n in (s.url, s.index, s.sizes) if n and "/" not in n and "://" not in n)
     return sorted(out)
+
+
+def remove_temporaries(dest: str, prefix: str, io: storage.IOOptions) -> None:
+    """Remove what a lost worker left half-written in a local ``dest`` (temporary shard files)."""
+    _remove_temporaries(dest, _entries(dest, io), prefix)
 
 
 def _remove_temporaries(dest: str, names: list[str], prefix: str) -> list[str]:

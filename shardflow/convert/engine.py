@@ -37,7 +37,7 @@ from .. import storage
 from ..errors import ConversionError, ShardflowError
 from ..format.manifest import Manifest, ShardInfo, fields_of
 from ..storage.urls import join_url, protocol_of
-from .destination import Previous, prepare_destination, remove_files, write_state
+from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import make_executor
 from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
 
@@ -257,6 +257,8 @@ def run_conversion(
         meta.update(meta_at_end())
     manifest = run.record(force=True, complete=True)
     _remove_replaced(dest, previous, manifest, io)
+    if client is not None and local:
+        remove_temporaries(dest, options.prefix, io)  # left by workers the cluster lost
     return manifest
 
 
