@@ -174,7 +174,7 @@ def prepare_destination(
             "would mix with it. Choose an empty folder, or pass overwrite=True (--overwrite) to replace it"
         )
     log.warning("%s: replacing %s (overwrite): removing %d file(s)", dest, what, len(old) + 2)
-    remove_files(dest, [MANIFEST_NAME, STATE_NAME, *old], io)
+    remove_files(dest, [MANIFEST_NAME, MANIFEST_NAME + ".journal", STATE_NAME, *old], io)
     return Previous()
 
 

@@ -77,6 +77,12 @@ _EXTENSION = re.compile(r"[a-z0-9_+-]+")
 # Size and version make a re-run rewrite a shard whose files changed in place.
 Descriptor = tuple[str, str, str, int, int, Any]
 
+LIST_BATCH = 8
+"""Class folders one Dask listing task lists."""
+
+LIST_AHEAD = 8
+"""Dask listing tasks run ahead of the writing (their descriptors wait on the workers)."""
+
 READ_THREADS = 16
 """Objects a worker reads at once from a bucket (in order; at most twice as many held)."""
 
@@ -165,14 +171,16 @@ def _scan_root(tree: Tree) -> tuple[list[str], int, int]:
     return sorted(classes), files, dirs
 
 
-def list_class(tree: Tree, index: int, cls: str, extensions: frozenset[str]) -> tuple[list[Descriptor], dict[str, int]]:
-    """Every descriptor of one class, in output order, and the counts of what was skipped.
+def list_classes(
+    tree: Tree, first: int, classes: list[str], extensions: frozenset[str]
+) -> tuple[list[list[Descriptor]], dict[str, int]]:
+    """The descriptors of a few consecutive classes (class ``first`` onwards), each class's in
+    output order, and the counts of what was skipped.
 
-    The listing task of a Dask conversion (one per class); a local conversion
-    streams :func:`iter_class` instead.
+    The listing task of a Dask conversion; a local conversion streams :func:`iter_class`.
     """
     counts = {"ignored_files": 0, "skipped_dirs": 0}
-    return list(iter_class(tree, index, cls, extensions, counts)), counts
+    return [list(iter_class(tree, first + k, cls, extensions, counts)) for k, cls in enumerate(classes)], counts
 
 
 def iter_class(
@@ -222,21 +230,27 @@ class _Walk:
             for idx, cls in enumerate(self.classes):
                 yield iter_class(self.tree, idx, cls, self.extensions, self.counts)
             return
-        # one listing task per class, a few classes ahead of the writing, results taken in order
-        ahead = 2 * max(1, len(self.client.scheduler_info().get("workers", {})))
+        # one listing task per LIST_BATCH classes, LIST_AHEAD tasks ahead of the writing (a group
+        # of 10,000 files spans many classes: fewer would stall the writing), results taken in
+        # order; the listings go before the write tasks queued on the workers
         futures: list[Any] = []
-        for idx, cls in enumerate(self.classes):
-            futures.append(self.client.submit(list_class, self.tree, idx, cls, self.extensions, pure=False))
-            if len(futures) > ahead:
-                yield self._take(futures.pop(0))
+        for first in range(0, len(self.classes), LIST_BATCH):
+            names = self.classes[first : first + LIST_BATCH]
+            futures.append(
+                self.client.submit(list_classes, self.tree, first, names, self.extensions, pure=False, priority=10)
+            )
+            if len(futures) > LIST_AHEAD:
+                yield from self._take(futures.pop(0))
         while futures:
-            yield self._take(futures.pop(0))
+            yield from self._take(futures.pop(0))
 
-    def _take(self, future: Any) -> Iterator[Descriptor]:
+    def _take(self, future: Any) -> Iterator[Iterator[Descriptor]]:
         found, counts = future.result()
+        del future  # its result leaves the worker's memory
         for k, v in counts.items():
             self.counts[k] += v
-        return iter(found)
+        for descriptors in found:
+            yield iter(descriptors)
 
     def summary(self) -> dict[str, Any]:
         """Counts for the manifest's ``meta`` (call after the walk)."""
@@ -430,5 +444,7 @@ def _empty_classes(tree: Tree, classes: list[str], extensions: frozenset[str], c
     """The classes with no image (checked by Dask tasks with a client)."""
     if client is None:
         return [c for c in classes if not _has_image(tree, c, extensions)]
-    futures = client.map(_has_image, [tree] * len(classes), classes, [extensions] * len(classes), pure=False)
+    futures = client.map(
+        _has_image, [tree] * len(classes), classes, [extensions] * len(classes), pure=False, priority=10
+    )
     return [c for c, has in zip(classes, client.gather(futures)) if not has]
