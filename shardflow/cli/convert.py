@@ -189,7 +189,9 @@ def _imagefolder(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     # A total for the ETA costs one scandir pass that keeps counts only; it is
     # done only when a bar is drawn (a terminal), never in logs or pipes.
-    total = sum(count_images(args.src).values()) if sys.stderr.isatty() else None
+    total = None
+    if sys.stderr.isatty():
+        total = sum(count_images(args.src, storage_options=dict(options.storage_options)).values())
 
     def summary(manifest: Any, seconds: float) -> str:
         n = manifest.num_samples
