@@ -100,11 +100,22 @@ def test_s3_listing_is_per_folder_and_resumes(s3_tree, s3_options, tmp_path: Pat
         calls.append((path, delimiter))
         return await real(self, path, refresh=refresh, max_items=max_items, delimiter=delimiter, prefix=prefix, versions=versions)
 
+    requests: list[str] = []
+    real_call = s3fs.S3FileSystem._call_s3
+
+    async def recording(self, method, *args, **kwargs):
+        requests.append(method)
+        return await real_call(self, method, *args, **kwargs)
+
     monkeypatch.setattr(s3fs.S3FileSystem, "_lsdir", counting)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
     dst = tmp_path / "out"
     options = ConvertOptions(max_count=3, workers=1, storage_options=s3_options)
     first = convert_imagefolder(src, str(dst), options=options)
     assert calls and all(d == "/" for _, d in calls)
+    # one GET per image, no HEAD: sizes and ETags come from the listings
+    assert requests.count("get_object") == first.num_samples == 10
+    assert "head_object" not in requests
     base = src.removeprefix("s3://")
     assert {p for p, _ in calls} == {base, *(f"{base}/{d}" for d in ("cat", "cat/deep", "cat/deep/er", "Dog", "dog"))}
     mtimes = {s.url: (dst / s.url).stat().st_mtime_ns for s in first.shards}

@@ -9,10 +9,11 @@ Three measurements, each against its peer in the same run:
    best rates are shown too). The cluster is started once, before the timed runs; both write the
    same bytes (checked: same shard sha256 list).
 2. **S3 source** (``--s3-files``, default 10,000): the tree uploaded to moto's S3 server
-   on 127.0.0.1, behind a WSGI middleware that counts requests by kind; files/s and
-   requests per file (listings, object reads) of the S3 conversion, next to the same
-   tree converted from local disk. moto is a Python server in this process, so its
-   files/s is a floor, not what a real bucket gives; the request counts are exact.
+   on 127.0.0.1 (a child process), behind a WSGI middleware that counts requests by kind;
+   files/s and requests per file (listings, object reads) of the S3 conversion, next to
+   the same tree converted from local disk. moto is one Python process answering every
+   request, so its files/s is a floor, not what a real bucket gives; the request counts
+   are exact.
 3. **Client memory** (``--rss-sizes``, default 100x1000 1000x1000): peak RSS (VmHWM) of
    the converting process, the CLI, for 100,000 vs 1,000,000 files, with local processes
    and as a Dask client (``--scheduler`` of a LocalCluster in this process).
@@ -90,7 +91,8 @@ def engines(args: argparse.Namespace) -> dict:
 
 
 class _Counting:
-    """WSGI middleware: counts requests by (method, kind)."""
+    """WSGI middleware: counts requests by method and kind (listing, object read, ...);
+    ``GET /__counts__`` returns them as JSON and ``POST /__counts__`` resets them."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -98,33 +100,60 @@ class _Counting:
         self.lock = threading.Lock()
 
     def __call__(self, environ, start_response):
+        method = environ["REQUEST_METHOD"]
+        if environ.get("PATH_INFO") == "/__counts__":
+            with self.lock:
+                body = json.dumps(dict(self.counts)).encode()
+                if method == "POST":
+                    self.counts.clear()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
         query = environ.get("QUERY_STRING", "")
         kind = "list" if ("list-type" in query or "delimiter" in query) else "other"
-        if environ["REQUEST_METHOD"] in ("GET", "HEAD") and kind == "other":
-            kind = "read" if environ["REQUEST_METHOD"] == "GET" else "head"
+        if method in ("GET", "HEAD") and kind == "other":
+            kind = "read" if method == "GET" else "head"
         with self.lock:
-            self.counts[f"{environ['REQUEST_METHOD']} {kind}"] += 1
+            self.counts[f"{method} {kind}"] += 1
         return self.app(environ, start_response)
 
 
-def _moto() -> tuple[str, _Counting, object]:
+def _serve_moto(port_queue) -> None:
+    """Child process: moto's S3 server with the counting middleware (its own GIL, so the
+    server does not slow the converting process down)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = make_server("127.0.0.1", 0, _Counting(DomainDispatcherApplication(create_backend_app)), threaded=True)
+    port_queue.put(server.server_address[1])
+    server.serve_forever()
+
+
+def _moto() -> tuple[str, object]:
+    import multiprocessing
+
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         os.environ.setdefault(k, v)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = _Counting(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", app, server
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_serve_moto, args=(queue,), daemon=True)
+    proc.start()
+    return f"http://127.0.0.1:{queue.get(timeout=60)}", proc
+
+
+def _counts(endpoint: str, reset: bool = False) -> dict[str, int]:
+    import urllib.request
+
+    req = urllib.request.Request(endpoint + "/__counts__", method="POST" if reset else "GET")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
 
 
 def s3(args: argparse.Namespace) -> dict:
     import s3fs
 
     tree = _tree_of(args.root, args.s3_files)
-    endpoint, counter, server = _moto()
+    endpoint, server = _moto()
     opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     fs = s3fs.S3FileSystem(**opts)
     fs.call_s3("create_bucket", Bucket="bench")
@@ -138,14 +167,15 @@ def s3(args: argparse.Namespace) -> dict:
             batch = {}
     if batch:
         fs.pipe(batch)
-    print(f"  uploaded {args.s3_files:,} files to moto in {time.perf_counter() - start:.0f} s", flush=True)
+    upload = args.s3_files / (time.perf_counter() - start)
+    print(f"  uploaded {args.s3_files:,} files to moto: {upload:,.0f} files/s (s3fs pipe, concurrent)", flush=True)
     options = ConvertOptions(max_count=args.max_count, workers=args.workers, resume=False, storage_options=opts)
     rows = {"s3": [], "local": []}
     requests: dict[str, int] = {}
     for r in range(args.repeat):
-        counter.counts.clear()
+        _counts(endpoint, reset=True)
         seconds, h_s3, n = _timed("s3://bench/tree", args.root / "out-s3", options=options)
-        requests = dict(counter.counts)
+        requests = _counts(endpoint)
         rows["s3"].append(n / seconds)
         seconds_l, h_local, _ = _timed(str(tree), args.root / "out-s3-local", options=options)
         rows["local"].append(n / seconds_l)
@@ -153,9 +183,9 @@ def s3(args: argparse.Namespace) -> dict:
               f"requests {requests}", flush=True)  # fmt: skip
         if h_s3 != h_local:
             raise SystemExit("the S3 tree and its local copy gave different shards")
-    server.shutdown()
+    server.terminate()
     total = sum(requests.values())
-    return {"files": n, "s3": max(rows["s3"]), "local": max(rows["local"]), "requests": requests,
+    return {"files": n, "s3": max(rows["s3"]), "local": max(rows["local"]), "requests": requests, "moto_put": upload,
             "requests_per_file": total / n, "lists": sum(v for k, v in requests.items() if "list" in k)}  # fmt: skip
 
 
@@ -216,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if "s3" not in skip:
         print("== S3 source (moto on 127.0.0.1)", flush=True)
         s = report["s3"] = s3(args)
-        print(f"| files | S3 files/s | local disk files/s | requests/file | listings |\n|---|---|---|---|---|\n"
-              f"| {s['files']:,} | {s['s3']:,.0f} | {s['local']:,.0f} | {s['requests_per_file']:.3f} | {s['lists']} |",
-              flush=True)  # fmt: skip
+        print(f"| files | S3 files/s | local disk files/s | moto's own PUT rate | requests/file | listings |\n"
+              f"|---|---|---|---|---|---|\n| {s['files']:,} | {s['s3']:,.0f} | {s['local']:,.0f} | {s['moto_put']:,.0f} "
+              f"| {s['requests_per_file']:.4f} | {s['lists']} |", flush=True)  # fmt: skip
     if "rss" not in skip:
         print("== client peak RSS", flush=True)
         rows = report["rss"] = rss(args)

@@ -165,7 +165,8 @@ class RemoteTree(Tree):
         return out
 
     def read(self, rel: str) -> bytes:
-        return self.fs.cat_file(self._full(rel))
+        # start=0: one GET (s3fs sends a HEAD first for a plain cat_file, to split big objects)
+        return self.fs.cat_file(self._full(rel), start=0)
 
 
 def open_tree(src: str, io: storage.IOOptions) -> Tree:
