@@ -35,7 +35,7 @@ from typing import Any
 
 from .. import storage
 from ..errors import ConversionError, ShardflowError
-from ..format.manifest import Manifest, ShardInfo, fields_of
+from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ..storage.urls import join_url, protocol_of
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import make_executor
@@ -121,18 +121,20 @@ class _Run:
             shards=[s for g in order for s in self.done[g][1]],
             fields=names,
             meta={**self.meta, "conversion": {"complete": complete}},
+            url=join_url(self.dest, MANIFEST_NAME),
         )
 
-    def record(self, *, force: bool = False, complete: bool = False) -> Manifest:
+    def record(self, *, force: bool = False) -> None:
         """Write the record and the manifest of the finished groups (at most once a second
         unless forced: rewriting both after every group would cost O(groups^2) bytes)."""
         now = time.monotonic()
-        manifest = self.manifest(complete=complete)
         if force or now - self._last >= 1.0:
             self._last = now
-            groups = {g: (d, shards) for g, (d, shards, _) in self.done.items()}
-            write_state(self.dest, self.identity, groups, manifest, self.io)
-        return manifest
+            self.write(self.manifest(complete=False))
+
+    def write(self, manifest: Manifest) -> None:
+        groups = {g: (d, shards) for g, (d, shards, _) in self.done.items()}
+        write_state(self.dest, self.identity, groups, manifest, self.io)
 
 
 def _groups(inputs: Iterable[Any], size: int) -> Iterable[tuple[int, list[Any]]]:
@@ -255,7 +257,8 @@ def run_conversion(
             kept(run.kept)
     if meta_at_end is not None:
         meta.update(meta_at_end())
-    manifest = run.record(force=True, complete=True)
+    manifest = run.manifest(complete=True)
+    run.write(manifest)
     _remove_replaced(dest, previous, manifest, io)
     if client is not None and local:
         remove_temporaries(dest, options.prefix, io)  # left by workers the cluster lost
