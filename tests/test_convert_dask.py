@@ -43,8 +43,8 @@ def cluster():
     from distributed import Client, LocalCluster
 
     with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-        worker_dashboard_address=None,
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0",
+        worker_dashboard_address=":0",
     ) as cl, Client(cl) as client:  # fmt: skip
         yield cl, client
 

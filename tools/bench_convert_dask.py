@@ -70,7 +70,7 @@ def engines(args: argparse.Namespace) -> dict:
     options = ConvertOptions(max_count=args.max_count, workers=args.workers, resume=False)
     rates: dict[str, list[float]] = {"local": [], "dask": []}
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+                      dashboard_address=":0") as cluster, Client(cluster) as client:  # fmt: skip
         hashes = {}
         for r in range(args.repeat):
             for name in ("local", "dask") if r % 2 == 0 else ("dask", "local"):  # A B, then B A
@@ -213,7 +213,7 @@ def rss(args: argparse.Namespace) -> list[dict]:
 
     rows = []
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster:  # fmt: skip
+                      dashboard_address=":0") as cluster:  # fmt: skip
         for size in args.rss_sizes:
             classes, per_class = (int(x) for x in size.split("x"))
             tree = build_tree(args.root, classes, per_class)

@@ -77,6 +77,9 @@ _EXTENSION = re.compile(r"[a-z0-9_+-]+")
 # Size and version make a re-run rewrite a shard whose files changed in place.
 Descriptor = tuple[str, str, str, int, int, Any]
 
+CHECK_BATCH = 64
+"""Class folders one Dask task checks for images (the check before any shard is written)."""
+
 LIST_BATCH = 8
 """Class folders one Dask listing task lists."""
 
@@ -441,10 +444,14 @@ def convert_imagefolder(
 
 
 def _empty_classes(tree: Tree, classes: list[str], extensions: frozenset[str], client: Any) -> list[str]:
-    """The classes with no image (checked by Dask tasks with a client)."""
+    """The classes with no image (checked by Dask tasks of :data:`CHECK_BATCH` classes with a client)."""
     if client is None:
-        return [c for c in classes if not _has_image(tree, c, extensions)]
-    futures = client.map(
-        _has_image, [tree] * len(classes), classes, [extensions] * len(classes), pure=False, priority=10
-    )
-    return [c for c, has in zip(classes, client.gather(futures)) if not has]
+        return empty_classes(tree, classes, extensions)
+    batches = [classes[i : i + CHECK_BATCH] for i in range(0, len(classes), CHECK_BATCH)]
+    futures = [client.submit(empty_classes, tree, b, extensions, pure=False, priority=10) for b in batches]
+    return [c for found in client.gather(futures) for c in found]
+
+
+def empty_classes(tree: Tree, classes: list[str], extensions: frozenset[str]) -> list[str]:
+    """Those of ``classes`` that hold no image (each check stops at the first image)."""
+    return [c for c in classes if not _has_image(tree, c, extensions)]
