@@ -119,10 +119,7 @@ class IndexedShardDataset(Dataset):
         max_open: int = 16,
         io: storage.IOOptions | None = None,
     ) -> None:
-        if io is None:
-            io = storage.IOOptions(storage_options=dict(storage_options or {}))
-        elif storage_options:
-            raise ValueError("pass storage_options inside io= or as storage_options=, not both")
+        io = storage.io_options(io, storage_options)
         if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
         if isinstance(decode, DecodeOptions) or decode is None:

@@ -65,6 +65,7 @@ def index_shards(
     out: str | None = None,
     meta: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
+    io: storage.IOOptions | None = None,
     workers: int = 4,
     progress: Callable[[int], None] | None = None,
 ) -> Manifest:
@@ -77,6 +78,8 @@ def index_shards(
             are listed by absolute URL.
         meta: the manifest's ``meta``.
         storage_options: fsspec options.
+        io: how shards are read and written, a :class:`~shardflow.storage.IOOptions`
+            (instead of ``storage_options``).
         workers: shards scanned at once (threads).
         progress: called with 1 per finished shard.
 
@@ -84,7 +87,8 @@ def index_shards(
         The manifest written to ``out/shardflow.json``.
 
     Raises:
-        ValueError: no URLs, or no ``out`` and the shards are in several folders.
+        ValueError: no URLs, or no ``out`` and the shards are in several folders,
+            or both ``io`` and ``storage_options``.
         ShardFormatError, SampleError: a shard is not a valid sample tar (the
             error names it); nothing is written then.
     """
@@ -95,7 +99,7 @@ def index_shards(
         if len(folders) != 1:
             raise ValueError(f"the shards are in {len(folders)} folders; pass out= for the manifest")
         out = folders.pop()
-    io = storage.IOOptions(storage_options=dict(storage_options or {}))
+    io = storage.io_options(io, storage_options)
 
     def work(url: str) -> tuple[ShardInfo, dict[str, int]]:
         result = _index_one(url, out, io)

@@ -109,13 +109,13 @@ class ShardFile:
     Args:
         url: final shard URL (local path or fsspec URL).
         index_url: where to write the offset index ``.npy``, or None.
-        options: storage options for fsspec.
+        io: how the shard is written (fsspec storage options, temporary files).
     """
 
-    def __init__(self, url: str, index_url: str | None = None, options: storage.IOOptions | None = None) -> None:
+    def __init__(self, url: str, index_url: str | None = None, io: storage.IOOptions | None = None) -> None:
         self.url = url
         self.index_url = index_url
-        self.options = options or storage.IOOptions()
+        self.io = io or storage.IOOptions()
         self.offsets: list[int] = []
         self.keys: set[str] = set()
         self.fields: set[str] = set()
@@ -127,7 +127,7 @@ class ShardFile:
         self._out: BinaryIO | None = None
 
     def __enter__(self) -> ShardFile:
-        self._out = self._stack.enter_context(storage.open_output(self.url, self.options))
+        self._out = self._stack.enter_context(storage.open_output(self.url, self.io))
         return self
 
     def write(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> int:
@@ -181,12 +181,12 @@ class ShardFile:
             return
         index_rel = None
         if self.index_url is not None:
-            with storage.open_output(self.index_url, self.options) as f:
+            with storage.open_output(self.index_url, self.io) as f:
                 f.write(encode_offsets([*self.offsets, end]))
             index_rel = posixpath.basename(self.index_url)
         sizes_rel = None
         if self.sizes:
-            with storage.open_output(self.url + ".sizes.npy", self.options) as f:
+            with storage.open_output(self.url + ".sizes.npy", self.io) as f:
                 f.write(encode_offsets(self.sizes))
             sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
         self.info = ShardInfo(
@@ -199,9 +199,9 @@ class ShardFile:
         )
 
 
-def write_manifest(url: str, manifest: Manifest, options: storage.IOOptions | None = None) -> None:
+def write_manifest(url: str, manifest: Manifest, io: storage.IOOptions | None = None) -> None:
     """Write a manifest atomically (temporary name, then rename)."""
-    with storage.open_output(url, options or storage.IOOptions()) as f:
+    with storage.open_output(url, io or storage.IOOptions()) as f:
         f.write(manifest.dumps())
 
 
@@ -229,9 +229,12 @@ class ShardWriter:
         meta: the manifest's ``meta`` object.
         index: write a per-shard offset index (``<shard>.idx.npy``).
         storage_options: passed to fsspec for remote destinations.
+        io: how shards are written, a :class:`~shardflow.storage.IOOptions`
+            (instead of ``storage_options``).
 
     Raises:
-        ValueError: bad ``pattern``, ``max_count`` or ``max_bytes``.
+        ValueError: bad ``pattern``, ``max_count`` or ``max_bytes``, or both
+            ``io`` and ``storage_options``.
         SampleError: from :meth:`write`, for an invalid sample.
     """
 
@@ -246,6 +249,7 @@ class ShardWriter:
         meta: Mapping[str, Any] | None = None,
         index: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        io: storage.IOOptions | None = None,
     ) -> None:
         try:
             pattern % 0
@@ -256,7 +260,7 @@ class ShardWriter:
         self.pattern = pattern
         self.max_count = max_count
         self.max_bytes = max_bytes
-        self.options = storage.IOOptions(storage_options=dict(storage_options or {}))
+        self.io = storage.io_options(io, storage_options)
         self.index = index
         folder = parent_url(pattern)
         self.manifest_url: str | None
@@ -309,7 +313,7 @@ class ShardWriter:
                 self._start()
             url = self.pattern % self._next
             self._next += 1
-            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.options).__enter__()
+            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.io).__enter__()
             self._shard = shard
         shard.write(key, fields, sizes)
         if sizes is not None:
@@ -338,7 +342,7 @@ class ShardWriter:
         self._started = True
         if not self.manifest_url:
             return
-        fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.options.storage_options)
+        fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
         if fs.exists(path):
             fs.rm_file(path)
         if storage.is_local(self.manifest_url):
@@ -351,7 +355,7 @@ class ShardWriter:
     def _write_manifest(self) -> None:
         """The manifest, then the journal removed (the manifest now says what it said)."""
         if self.manifest_url:
-            write_manifest(self.manifest_url, self.manifest, self.options)
+            write_manifest(self.manifest_url, self.manifest, self.io)
         if self._journal is not None:
             self._journal.close()
             self._journal = None

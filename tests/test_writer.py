@@ -122,3 +122,23 @@ def test_bytes_only_writer_does_not_import_torch(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
     assert len(shardflow.ShardDataset(str(tmp_path))) == 12
+
+
+def test_writer_and_indexer_take_io_like_the_datasets(tmp_path: Path) -> None:
+    """One name for the IO options object: ``io=`` (an IOOptions) or the
+    ``storage_options=`` shortcut, on the writer and the indexer as on the datasets."""
+    from shardflow.indexing import index_shards
+
+    io = shardflow.IOOptions(cache_dir=str(tmp_path / "uploads"))
+    with shardflow.ShardWriter(str(tmp_path / "d" / "s-%06d.tar"), max_count=3, io=io) as w:
+        for i in range(5):
+            w.write({"__key__": f"{i:03d}", "cls": i})
+    assert w.io is io
+    urls = [str(tmp_path / "d" / f"s-{i:06d}.tar") for i in range(2)]
+    manifest = index_shards(urls, out=str(tmp_path / "idx"), io=io)
+    assert [s.samples for s in manifest.shards] == [3, 2]
+    assert [int(s["cls"]) for s in shardflow.ShardDataset(str(tmp_path / "idx"), decode=None, io=io)] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="not both"):
+        shardflow.ShardWriter(str(tmp_path / "e-%06d.tar"), io=io, storage_options={"anon": True})
+    with pytest.raises(ValueError, match="not both"):
+        index_shards(urls, out=str(tmp_path / "idx2"), io=io, storage_options={"anon": True})

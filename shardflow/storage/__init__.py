@@ -41,7 +41,7 @@ from .errors import RemoteWriteError, ShardChangedError, ShardNotFoundError
 from .filesystems import filesystem
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
-from .options import MAX_BACKOFF, IOOptions
+from .options import MAX_BACKOFF, IOOptions, io_options
 from .output import open_output
 from .read_ahead import readahead
 from .reading import is_compressed, iter_chunks, read_range
@@ -62,6 +62,7 @@ __all__ = [
     "filesystem",
     "is_compressed",
     "is_dir",
+    "io_options",
     "is_local",
     "iter_chunks",
     "join_url",

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF"]
+__all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
 MAX_BACKOFF = 10.0
 """Seconds; the retry delay doubles from ``IOOptions.backoff`` up to this."""
@@ -78,3 +78,17 @@ class IOOptions:
 
 
 DEFAULT_OPTIONS = IOOptions()
+
+
+def io_options(io: IOOptions | None, storage_options: Mapping[str, Any] | None) -> IOOptions:
+    """The :class:`IOOptions` of an entry point that takes both ``io=`` and the
+    ``storage_options=`` shortcut (fsspec options only).
+
+    Raises:
+        ValueError: both are given.
+    """
+    if io is None:
+        return IOOptions(storage_options=dict(storage_options or {}))
+    if storage_options:
+        raise ValueError("pass storage_options inside io= or as storage_options=, not both")
+    return io
