@@ -187,3 +187,113 @@ def test_check_key_refuses_unreadable_keys():
         with pytest.raises(SampleError):
             check_key(bad)
     assert check_key("cat/0001") == "cat/0001"
+
+
+# ------------------------------------------------------------ the bulk path for plain members
+
+
+def _general_only(monkeypatch):
+    """Disable the bulk parser: every header then goes through the general path."""
+    import shardflow.format.tar as tar_module
+
+    monkeypatch.setattr(tar_module, "_plain_members", lambda buf, pos, base, stop, mx: ([], pos))
+
+
+member_kinds = st.sampled_from(["plain", "big", "pax", "dir", "empty", "upper"])
+
+
+@settings(max_examples=120, deadline=None)
+@given(kinds=st.lists(member_kinds, min_size=0, max_size=30), chunk=st.sampled_from([512, 700, 4096, 1 << 20]),
+       seed=st.integers(0, 1000))
+def test_bulk_path_reads_exactly_what_the_general_path_reads(kinds, chunk, seed):
+    import random
+
+    rng = random.Random(seed)
+    parts = []
+    for i, kind in enumerate(kinds):
+        payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 1500)))
+        if kind == "big":
+            payload = payload * 40
+        if kind == "pax":
+            parts.append(encode_member(f"k{i:03d}/é{'x' * 120}.bin", payload))
+        elif kind == "dir":
+            info = tarfile.TarInfo(f"d{i}")
+            info.type = tarfile.DIRTYPE
+            parts.append(info.tobuf(format=tarfile.USTAR_FORMAT))
+        elif kind == "empty":
+            parts.append(encode_member(f"k{i:03d}.txt", b""))
+        elif kind == "upper":
+            parts.append(encode_member(f"K{i:03d}.JPG", payload))
+        else:
+            parts.append(encode_member(f"k{i:03d}.bin", payload))
+    data = b"".join(parts) + END_OF_ARCHIVE
+    chunks = [data[j : j + chunk] for j in range(0, len(data), chunk)]
+
+    def members():
+        gen = iter_members(iter(chunks), "s.tar")
+        out = []
+        while True:
+            try:
+                name, offset, payload = next(gen)
+            except StopIteration as stop:
+                return out, stop.value
+            out.append((name, offset, bytes(payload)))
+
+    fast = members()
+    mp = pytest.MonkeyPatch()
+    try:
+        _general_only(mp)
+        slow = members()
+    finally:
+        mp.undo()
+    assert fast == slow
+    assert [m[0] for m in fast[0]] == [m.name for m in tarfile.open(fileobj=io.BytesIO(data)) if m.isfile()]
+
+
+@pytest.mark.parametrize("field", ["checksum", "size8", "size_sign"])
+@pytest.mark.parametrize("at", [0, 7, 19])
+def test_bulk_path_leaves_a_bad_header_to_the_checks(field, at):
+    parts = [encode_member(f"{i:04d}.bin", b"x" * (100 + i)) for i in range(20)]
+    offset = sum(len(p) for p in parts[:at])
+    header = bytearray(parts[at][:512])
+    if field == "checksum":
+        header[0] ^= 0x01  # the stored checksum no longer matches
+    elif field == "size8":
+        header[124:136] = b"00000000198\0"  # a digit that is not octal
+    else:
+        header[124:136] = b"-0000000144\0"
+    if field != "checksum":  # keep the checksum right so that the size check is the one that fires
+        header[148:156] = b"        "
+        header[148:156] = b"%06o\0 " % sum(header)
+    parts[at] = bytes(header) + parts[at][512:]
+    data = b"".join(parts) + END_OF_ARCHIVE
+    got = []
+    with pytest.raises(ShardFormatError, match=f"byte {offset}"):
+        for name, _, _ in iter_members([data], "bad.tar"):
+            got.append(name)
+    assert got == [f"{i:04d}.bin" for i in range(at)]  # every member before the bad one, none after
+
+
+def test_bulk_path_stops_at_end_and_refuses_a_member_past_it():
+    parts = [encode_member(f"{i:04d}.bin", b"y" * 700) for i in range(10)]
+    data = b"".join(parts) + END_OF_ARCHIVE
+    cut = sum(len(p) for p in parts[:4])
+    gen = iter_members([data[cut:]], "s.tar", cut, end=cut + 3 * len(parts[0]))
+    names = []
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            names.append(next(gen)[0])
+    assert names == ["0004.bin", "0005.bin", "0006.bin"] and stop.value.value == cut + 3 * len(parts[0])
+    with pytest.raises(ShardFormatError, match="runs past byte"):
+        list(iter_members([data[cut:]], "s.tar", cut, end=cut + len(parts[0]) + 512))
+
+
+def test_bulk_path_keeps_the_member_size_limit():
+    from shardflow.format.limits import Limits
+
+    parts = [encode_member(f"{i:04d}.bin", b"z" * (1000 if i != 3 else 5000)) for i in range(6)]
+    data = b"".join(parts) + END_OF_ARCHIVE
+    out = list(iter_members([data], "s.tar", limits=Limits(max_member_bytes=4096)))
+    assert [n for n, _, _ in out] == [f"{i:04d}.bin" for i in range(6)]
+    assert isinstance(out[3][2], SampleError) and out[3][2].reason == "member_too_large"
+    assert all(isinstance(d, bytes) for i, (_, _, d) in enumerate(out) if i != 3)

@@ -16,8 +16,10 @@ user/group names, mode 0644.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from zlib import adler32 as _adler
+
+import numpy as np
 
 from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .keys import split_name
@@ -28,6 +30,7 @@ __all__ = [
     "BLOCK",
     "END_OF_ARCHIVE",
     "iter_members",
+    "member_runs",
     "iter_samples",
     "scan_shard",
     "encode_member",
@@ -60,41 +63,68 @@ def _refill(it: Iterator[bytes], buf: bytes, pos: int, base: int, need: int) -> 
 
 
 def _take(
-    it: Iterator[bytes], buf: bytes, pos: int, size: int, padded: int, keep: bool
-) -> tuple[bytearray | None, bytes, int, bool]:
-    """Consume ``padded`` bytes from ``buf[pos:]`` and the chunks after it.
+    it: Iterator[bytes], buf: bytes, pos: int, base: int, size: int, padded: int, keep: bool
+) -> tuple[bytearray | None, bytes, int, int, bool]:
+    """Consume ``padded`` bytes from ``buf[pos:]`` (``buf[0]`` at absolute offset
+    ``base``) and the chunks after it.
 
     With ``keep``, the first ``size`` of them are collected into one bytearray
     that grows as chunks arrive (so memory follows the bytes that really come,
     not the size a header declares, and the member is never held twice);
-    without, they are dropped as they pass.
+    without, they are dropped as they pass. Only the member's bytes are copied:
+    the chunk the padding ends in is returned as it is, with a position in it.
 
     Returns:
-        ``(data, rest, consumed, ok)``: the member's bytes (or None), the bytes
-        of the last chunk after the padding, how many bytes were consumed
-        (``padded`` unless the stream ended first), and whether it did not.
+        ``(data, buf, base, pos, ok)``: the member's bytes (or None), the chunk
+        where reading goes on, the absolute offset of its first byte, the position
+        after the padding in it, and whether the stream did not end first.
     """
     data = bytearray(buf[pos : pos + size]) if keep else None
     got = min(len(buf) - pos, padded)
-    rest = buf[pos + got :]
-    while got < padded:
+    if got == padded:
+        return data, buf, base, pos + padded, True
+    base += len(buf)
+    while True:
         chunk = next(it, None)
         if chunk is None:
-            return data, b"", got, False
+            return data, b"", base, 0, False
         n = len(chunk)
         if keep and got < size:
             data += memoryview(chunk)[: size - got]
-        if got + n > padded:
-            rest = chunk[padded - got :]
-            n = padded - got
+        if got + n >= padded:
+            return data, chunk, base, padded - got, True
         got += n
-    return data, rest, got, True
+        base += n
+
+
+Member = tuple[str, int, "bytes | bytearray | SampleError"]
 
 
 def iter_members(
     chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None, limits: Limits = DEFAULT_LIMITS
-) -> Generator[tuple[str, int, bytes | bytearray | SampleError], None, int]:
+) -> Generator[Member, None, int]:
     """Yield the regular-file members of a tar stream.
+
+    The members of :func:`member_runs`, one by one (same arguments, errors and
+    return value).
+    """
+    runs = member_runs(chunks, url, start, end=end, limits=limits)
+    while True:
+        try:
+            run = next(runs)
+        except StopIteration as done:
+            return done.value
+        yield from run
+
+
+def member_runs(
+    chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None, limits: Limits = DEFAULT_LIMITS
+) -> Generator[Sequence[Member], None, int]:
+    """Yield the regular-file members of a tar stream, in runs.
+
+    A run is a list of members parsed together (see :func:`_plain_members`) or
+    a single member read by the general path; consumers loop over a run with no
+    generator step per member.
 
     Every header field is validated before it is used: the checksum, a size
     that must be octal digits or a non-negative base-256 number, the type flag
@@ -159,6 +189,12 @@ def iter_members(
                     raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
                 raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
         empty = False
+        if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
+            # Plain members (most of any shard) parsed in bulk, same checks, see _plain_members
+            members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes)
+            if members:
+                yield members
+                continue
         header = buf[pos : pos + BLOCK]
         if header[0] == 0 and header == _ZERO_BLOCK:
             if first_offset is not None:
@@ -194,29 +230,21 @@ def iter_members(
         if first_offset is None:
             first_offset = offset
         if bad is not None:  # before its bytes are skipped: a caller that raises need not wait for them
-            yield name, first_offset, bad
+            yield ((name, first_offset, bad),)
         keep = bad is None and typeflag not in SKIP_DATA
         if len(buf) - pos >= padded:
             data: bytes | bytearray | None = buf[pos : pos + size] if keep else None
             pos += padded
-        elif keep and size < _BIG:
-            buf, base, ok = _refill(it, buf, pos, base, padded)
-            pos = 0
+        else:  # the member runs into the next chunks: copy its bytes only, not the chunks
+            data, buf, base, pos, ok = _take(it, buf, pos, base, size, padded, keep)
             if not ok:
                 raise _truncated(url, header, long_name, pax, offset, size)
-            data = buf[:size]
-            pos = padded
-        else:
-            base += pos
-            data, buf, got, ok = _take(it, buf, pos, size, padded, keep)
-            if not ok:
-                raise _truncated(url, header, long_name, pax, offset, size)
-            base += got
-            pos = 0
+            if keep and size < _BIG:
+                data = bytes(data)  # members under 1 MiB are bytes (see the docstring)
         if bad is not None:
             pass
         elif typeflag in REGULAR:
-            yield name, first_offset, data
+            yield ((name, first_offset, data),)
         elif typeflag == b"L":
             long_name = bytes(data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
@@ -234,6 +262,75 @@ def iter_members(
         long_name = None
         pax = {}
         first_offset = None
+
+
+_RUN = 4096  # most members parsed in one run (their headers are gathered: 2 MiB)
+_POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a checksum field
+_HEADER = np.arange(BLOCK, dtype=np.int64)
+
+
+def _plain_members(buf: bytes, pos: int, base: int, stop: int, max_member: int) -> tuple[list[Member], int]:
+    """The run of plain members at ``buf[pos:]``, their headers checked together with numpy.
+
+    A plain member is the common case: a ustar regular file (type ``"0"``, no
+    name prefix, no extended header before it) whose size and checksum are
+    written as shardflow, GNU tar and CPython ``tarfile`` write them
+    (``"%011o\\0"``, ``"%06o\\0 "``), and whose data is in ``buf``. For those,
+    every check of the general path is made here too (checksum, octal digits,
+    the member-size limit, not past ``stop``); the run ends before the first
+    header that is anything else or fails a check, which the general path then
+    reads (and reports). Walking from header to header takes a few byte
+    lookups per member; checksums and names are then computed for the whole
+    run at once.
+
+    Args:
+        buf: buffered bytes; ``pos``: a header boundary in it, at absolute offset
+            ``base + pos``; ``stop``: the absolute offset to stop at (-1: none).
+        max_member: :attr:`Limits.max_member_bytes`.
+
+    Returns:
+        ``(members, pos)``: ``(name, header offset, data)`` of each member of the
+        run, and the position after it.
+    """
+    heads: list[int] = []
+    sizes: list[int] = []
+    end = len(buf)
+    p = pos
+    while p + BLOCK <= end and len(heads) < _RUN:
+        if buf[p + 156] != 48 or buf[p + 345] or buf[p + 135] or buf[p + 154] or buf[p + 155] != 32:
+            break
+        field = buf[p + 124 : p + 135]
+        if not field.isdigit():
+            break
+        try:
+            size = int(field, 8)
+        except ValueError:  # an 8 or 9
+            break
+        nxt = p + BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        if nxt > end or size > max_member or (stop >= 0 and (base + p == stop or base + nxt > stop)):
+            break
+        heads.append(p)
+        sizes.append(size)
+        p = nxt
+    if not heads:
+        return [], pos
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    hdr = arr[np.asarray(heads, dtype=np.int64)[:, None] + _HEADER]
+    chk = hdr[:, 148:154].astype(np.int64) - 48
+    computed = hdr.sum(axis=1, dtype=np.int64) - hdr[:, 148:156].sum(axis=1, dtype=np.int64) + 256
+    good = (chk @ _POW8_CHK == computed) & ((chk >= 0) & (chk <= 7)).all(axis=1)
+    if not good.all():
+        n = int(np.argmin(good))  # the general path reads (and reports) the bad one
+        if n == 0:
+            return [], pos
+        heads, sizes, hdr = heads[:n], sizes[:n], hdr[:n]
+    nul = hdr[:, :100] == 0
+    name_len = np.where(nul.any(axis=1), nul.argmax(axis=1), 100).tolist()
+    members = [
+        (buf[p : p + n].decode("utf-8", "surrogateescape"), base + p, buf[p + BLOCK : p + BLOCK + size])
+        for p, n, size in zip(heads, name_len, sizes)
+    ]
+    return members, heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
 
 
 def _member_name(
@@ -322,60 +419,61 @@ def iter_samples(
     fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
     sample_offset = start
     count = 0
-    for name, offset, data in iter_members(chunks, url, start, end=end, limits=limits):
-        # key/field split as in split_name(), inlined: this loop runs once per member
-        slash = name.rfind("/") + 1
-        dot = name.find(".", slash)
-        if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
-            if isinstance(data, SampleError) and sample_errors == "raise":
-                raise data  # not a sample's member, but not one shardflow understands either
-            continue
-        k = name[:dot]
-        field = name[dot + 1 :]
-        if not field.islower() and field != field.lower():
-            field = field.lower()
-        if k != key:
-            if key is not None:
-                if fields is not None:
-                    yield key, sample_offset, fields
-                    count += 1
-                    if limit is not None and count >= limit:
-                        return
-                closed.add(key)
-            key, fields, sample_offset = k, {}, offset
-            if k in closed:
+    for run in member_runs(chunks, url, start, end=end, limits=limits):
+        for name, offset, data in run:  # a run is a list: no generator step per member
+            # key/field split as in split_name(), inlined: this loop runs once per member
+            slash = name.rfind("/") + 1
+            dot = name.find(".", slash)
+            if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
+                if isinstance(data, SampleError) and sample_errors == "raise":
+                    raise data  # not a sample's member, but not one shardflow understands either
+                continue
+            k = name[:dot]
+            field = name[dot + 1 :]
+            if not field.islower() and field != field.lower():
+                field = field.lower()
+            if k != key:
+                if key is not None:
+                    if fields is not None:
+                        yield key, sample_offset, fields
+                        count += 1
+                        if limit is not None and count >= limit:
+                            return
+                    closed.add(key)
+                key, fields, sample_offset = k, {}, offset
+                if k in closed:
+                    bad = SampleError(
+                        f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members "
+                        "of a sample must be adjacent in the tar (re-create the shard with `shardflow` or "
+                        "`tar --sort=name`)",
+                        reason="non_adjacent",
+                    )
+                    if sample_errors == "raise":
+                        raise bad
+                    fields = bad
+            if type(fields) is not dict:  # None or a SampleError: the sample is dropped
+                continue
+            if type(data) is not bytes and isinstance(data, SampleError):
+                if sample_errors == "raise":
+                    raise data
+                # reported at once, before the member's bytes are skipped (and before a cut in them
+                # is found); the sample's other members are then dropped as they come
+                yield k, sample_offset, data
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+                fields = None
+                continue
+            if field in fields:
                 bad = SampleError(
-                    f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members "
-                    "of a sample must be adjacent in the tar (re-create the shard with `shardflow` or "
-                    "`tar --sort=name`)",
-                    reason="non_adjacent",
+                    f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte {offset})",
+                    reason="duplicate_field",
                 )
                 if sample_errors == "raise":
                     raise bad
                 fields = bad
-        if fields is None or isinstance(fields, SampleError):
-            continue
-        if isinstance(data, SampleError):
-            if sample_errors == "raise":
-                raise data
-            # reported at once, before the member's bytes are skipped (and before a cut in them
-            # is found); the sample's other members are then dropped as they come
-            yield k, sample_offset, data
-            count += 1
-            if limit is not None and count >= limit:
-                return
-            fields = None
-            continue
-        if field in fields:
-            bad = SampleError(
-                f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte {offset})",
-                reason="duplicate_field",
-            )
-            if sample_errors == "raise":
-                raise bad
-            fields = bad
-            continue
-        fields[field] = data
+                continue
+            fields[field] = data
     if key is not None and fields is not None:
         yield key, sample_offset, fields
 
