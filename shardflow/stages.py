@@ -334,7 +334,7 @@ def read_planned(
     first_l, last_l = first.tolist(), last.tolist()
     run_seg_l = run_seg.tolist()
     seg_of = run_all[positions - lo]
-    iters: dict[int, Iterator[Any]] = {}
+    iters: dict[int, _Opened] = {}
     dead: set[int] = set()
     urls = source.urls
     k = expand
@@ -404,7 +404,7 @@ def read_planned(
             it = iters.get(s)
             if it is not None:  # the common case: the run's stream is open
                 try:
-                    item = next(it, None)
+                    item = next(it._samples, None)  # (the generator itself: no __next__ in Python)
                 except ShardflowError as e:
                     error = e
                 else:

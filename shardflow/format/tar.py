@@ -170,6 +170,7 @@ def member_runs(
     first_offset: int | None = None
     empty = True
     stop = end if end is not None else -1
+    run = 16  # members in the next bulk run (see _plain_members)
     while True:
         offset = base + pos
         if offset == stop:
@@ -191,7 +192,8 @@ def member_runs(
         empty = False
         if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
             # Plain members (most of any shard) parsed in bulk, same checks, see _plain_members
-            members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes)
+            members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes, run)
+            run = min(2 * run, _RUN)  # short runs first: the first sample comes soon
             if members:
                 yield members
                 continue
@@ -269,7 +271,9 @@ _POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a check
 _HEADER = np.arange(BLOCK, dtype=np.int64)
 
 
-def _plain_members(buf: bytes, pos: int, base: int, stop: int, max_member: int) -> tuple[list[Member], int]:
+def _plain_members(
+    buf: bytes, pos: int, base: int, stop: int, max_member: int, most: int = _RUN
+) -> tuple[list[Member], int]:
     """The run of plain members at ``buf[pos:]``, their headers checked together with numpy.
 
     A plain member is the common case: a ustar regular file (type ``"0"``, no
@@ -287,6 +291,7 @@ def _plain_members(buf: bytes, pos: int, base: int, stop: int, max_member: int) 
         buf: buffered bytes; ``pos``: a header boundary in it, at absolute offset
             ``base + pos``; ``stop``: the absolute offset to stop at (-1: none).
         max_member: :attr:`Limits.max_member_bytes`.
+        most: the most members in the run.
 
     Returns:
         ``(members, pos)``: ``(name, header offset, data)`` of each member of the
@@ -296,7 +301,7 @@ def _plain_members(buf: bytes, pos: int, base: int, stop: int, max_member: int) 
     sizes: list[int] = []
     end = len(buf)
     p = pos
-    while p + BLOCK <= end and len(heads) < _RUN:
+    while p + BLOCK <= end and len(heads) < most:
         if buf[p + 156] != 48 or buf[p + 345] or buf[p + 135] or buf[p + 154] or buf[p + 155] != 32:
             break
         field = buf[p + 124 : p + 135]
@@ -551,7 +556,8 @@ def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
     h[156:157] = typeflag
     h[257:263] = b"ustar\0"
     h[263:265] = b"00"
-    h[148:156] = b"%06o\0 " % sum(h)
+    # the byte sum as the reader computes it (adler32's first half, exact for 256 bytes)
+    h[148:156] = b"%06o\0 " % (_adler(h[:256], 0) % 65536 + _adler(h[256:], 0) % 65536)
     return bytes(h)
 
 
