@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import numpy as np
+import numpy.random  # noqa: F401 - numpy loads it on first use: here, not in each worker's first batch
 
 from .errors import ShardflowError
 from .world import World, stable_seed
@@ -334,6 +335,36 @@ def shuffle_buffer(items: Iterable[T], buffer: int, seed: int, initial: int = 10
         yield out
 
 
+def _steady_state(buf: list[int], first: int, n: int, picks: list[int], last: int) -> list[int]:
+    """Items emitted by the steady state of the buffer, computed with numpy (``buf`` updated).
+
+    Step ``t`` reads item ``first + t`` and picks slot ``picks[t]``: the pick ``last``
+    emits the new item itself; another emits what the slot holds (the item put there
+    by the slot's previous step, else its content before the steady state) and puts
+    the new item there. The same as the step-by-step loop, without a Python step
+    per item.
+    """
+    j = np.asarray(picks, dtype=np.int64)
+    new = np.arange(first, n, dtype=np.int64)
+    out = new.copy()
+    swap = np.flatnonzero(j != last)
+    if swap.size:
+        slots = j[swap]
+        order = np.argsort(slots, kind="stable")  # steps grouped by slot, in time order
+        by_slot, steps = slots[order], swap[order]
+        start = np.ones(len(steps), dtype=bool)
+        start[1:] = by_slot[1:] != by_slot[:-1]
+        held = np.asarray(buf, dtype=np.int64)
+        prev = np.empty(len(steps), dtype=np.int64)
+        prev[start] = held[by_slot[start]]  # a slot's first pick emits what it held
+        prev[~start] = new[steps[np.flatnonzero(~start) - 1]]  # later ones, the previous new item
+        out[steps] = prev
+        ends = np.append(np.flatnonzero(start)[1:], len(steps)) - 1
+        held[by_slot[ends]] = new[steps[ends]]  # what each slot holds at the end
+        buf[:] = held.tolist()
+    return out.tolist()
+
+
 def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> np.ndarray:
     """Emission order of :func:`shuffle_buffer` over ``n`` items read in order.
 
@@ -366,14 +397,8 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
         buf[j] = buf[-1]
         buf.pop()
         size -= 1
-    last = buffer - 1
-    for i in range(i, n):  # steady: the new item joins `buffer - 1`, one of the `buffer` leaves
-        j = int(rand() * buffer)
-        if j == last:
-            emit(i)
-        else:
-            emit(buf[j])
-            buf[j] = i
+    if i < n:  # steady: each new item joins the `buffer - 1` held ones and one of the `buffer` leaves
+        out.extend(_steady_state(buf, i, n, [int(rand() * buffer) for _ in range(n - i)], buffer - 1))
     while buf:
         j = int(rand() * len(buf))
         emit(buf[j])
