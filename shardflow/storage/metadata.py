@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 from shardflow.errors import RemoteReadError
 
@@ -37,9 +38,7 @@ def exists(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
     url = os.fspath(url)
     if is_local(url):
         return os.path.exists(local_path(url))
-    fs, path = filesystem(url, options)
-    with contextlib.suppress(Exception):
-        fs.invalidate_cache(path)
+    fs, path = _uncached(url, options)
     return bool(call_with_retries(url, 0, options, lambda: fs.exists(path)))
 
 
@@ -53,9 +52,7 @@ def is_dir(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
     url = os.fspath(url)
     if is_local(url):
         return os.path.isdir(local_path(url))
-    fs, path = filesystem(url, options)
-    with contextlib.suppress(Exception):
-        fs.invalidate_cache(path)
+    fs, path = _uncached(url, options)
 
     def check() -> bool:
         try:
@@ -66,3 +63,11 @@ def is_dir(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
             return False
 
     return bool(call_with_retries(url, 0, options, check))
+
+
+def _uncached(url: str, options: IOOptions) -> tuple[Any, str]:
+    """The filesystem and path of ``url``, with fsspec's cached listing of it dropped."""
+    fs, path = filesystem(url, options)
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)
+    return fs, path

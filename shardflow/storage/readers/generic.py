@@ -8,9 +8,10 @@ from collections.abc import Mapping
 import fsspec
 
 from ..filesystems import object_identity
+from .local import FileObjectReader
 
 
-class FileReader:
+class FileReader(FileObjectReader):
     """An fsspec file object opened without caching: each ``read`` is one ranged request.
 
     For stores without a streaming reader of ours (gcs, azure, ...); a reopen is
@@ -21,20 +22,10 @@ class FileReader:
                  block_size: int) -> None:
         with contextlib.suppress(Exception):
             fs.invalidate_cache(path)
-        self._file = fs.open(path, "rb", block_size=block_size, cache_type="none")
-        try:
-            details = getattr(self._file, "details", None)
-            info = details if isinstance(details, Mapping) else fs.info(path)
-            self.identity = object_identity(info)
-            self.size = info.get("size")
-            if offset:
-                self._file.seek(offset)
-        except BaseException:
-            self._file.close()
-            raise
+        self._fs, self._path = fs, path
+        super().__init__(fs.open(path, "rb", block_size=block_size, cache_type="none"), offset)
 
-    def read(self, n: int) -> bytes:
-        return self._file.read(n)
-
-    def close(self) -> None:
-        self._file.close()
+    def describe(self) -> tuple[dict[str, str], int | None]:
+        details = getattr(self._file, "details", None)
+        info = details if isinstance(details, Mapping) else self._fs.info(self._path)
+        return object_identity(info), info.get("size")
