@@ -25,9 +25,17 @@ class ShardflowError(Exception):
 
 
 class ShardFormatError(ShardflowError, ValueError):
-    """A shard is not a valid tar stream (bad header, checksum, truncation)."""
+    """A shard is not a valid tar stream (bad header, checksum, truncation).
+
+    Attributes:
+        offset: byte offset in the shard where the damaged member's first header
+            starts, when the tar reader knows it (else None).
+        member: the name of the member being read, when its header was sound.
+    """
 
     default_reason = "bad_shard"
+    offset: int | None = None
+    member: str | None = None
 
 
 class TruncatedShardError(ShardFormatError):

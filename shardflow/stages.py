@@ -187,16 +187,18 @@ def _open_segment(
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
         raw = storage.open_chunks(url, lo, hi, io, check_size=check)
-        return _Opened(raw, _seek_samples(raw, url, lo, hi, io))
+        return _Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1]))
     raw = storage.open_chunks(url, 0, None, io, check_size=check)
     samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield", limits=io.limits)
     return _Opened(raw, _from(samples, start) if start else samples)
 
 
-def _seek_samples(raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions) -> Iterator[Any]:
-    """Samples of the tar bytes ``[lo, hi)``; a compressed shard gets an error that says so."""
+def _seek_samples(
+    raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray
+) -> Iterator[Any]:
+    """Samples of the tar bytes ``[lo, hi)`` (``starts``: their offsets); a compressed shard gets an error that says so."""
     try:
-        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits)
+        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=starts)
     except ShardFormatError as e:
         try:
             compressed = storage.is_compressed(url, io)
@@ -210,6 +212,19 @@ def _seek_samples(raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.
             "shards then stream whole), or decompress them",
             reason="compressed_shard",
         ) from e
+
+
+def _one_sample_lost(err: ShardflowError) -> bool:
+    """Whether ``err``, met in a sample reached through the offset index, loses that sample only.
+
+    A damaged header or member does; a shard cut short, compressed, or whose
+    index does not match it loses every sample after.
+    """
+    return (
+        isinstance(err, ShardFormatError)
+        and not isinstance(err, TruncatedShardError)
+        and err.reason not in ("compressed_shard", "stale_index")
+    )
 
 
 def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
@@ -460,8 +475,14 @@ def read_planned(
                     e = first_error[s]  # the index cannot enter it: the first error is the one
                 if policy.mode == "raise":
                     raise e
-                dead.add(s)
                 policy.handle(e, samples=0, shard=source.urls[seg.shard])
+                if _one_sample_lost(e) and reseek.get(s) == i // k:
+                    # the sample the index led to is damaged, and the index knows where the next
+                    # one starts: only this one is lost, the next needed one is sought again
+                    if k > 1 and i != last_l[s]:
+                        cached[s] = (i // k, None)
+                else:
+                    dead.add(s)
                 if want:
                     policy.stats["lost_samples"] += 1
                     policy.stats["skipped"] += 1
@@ -560,6 +581,11 @@ def read_shards(
                 if policy.mode == "raise":
                     raise
                 policy.handle(e, samples=0, shard=url)
+                if isinstance(e, ShardFormatError) and (e.offset or e.member is not None):
+                    # the damaged sample (past the start, or named by a sound header: not a file that
+                    # is no tar at all); without a manifest, how many followed it is unknown
+                    policy.stats["lost_samples"] += 1
+                    policy.stats["skipped"] += 1
             finally:
                 it.close()
     finally:

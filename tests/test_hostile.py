@@ -182,9 +182,8 @@ def test_negative_size_raises_in_every_reader(negative_dataset: Path) -> None:
 def test_negative_size_under_skip_terminates_and_counts(tmp_path: Path) -> None:
     url = write(tmp_path, "neg.tar", six_with(NEGATIVE))
     ds = ShardDataset(url, decode=None, on_error="skip")
-    got = keys(ds)
-    assert got == ["000000", "000001"]  # sample 2 may still miss members: only a later step can tell
-    assert ds.stats["bad_shard"] == 1
+    assert keys(ds) == ["000000", "000001", "000002"]  # the damaged header is sound enough to name 000003
+    assert dict(ds.stats) == {"samples": 3, "bad_shard": 1, "lost_samples": 1, "skipped": 1}
 
 
 # ------------------------------------------------------------------ member types
@@ -485,3 +484,62 @@ def test_graph_limits_are_options_and_bound_collate_memory(tmp_path: Path) -> No
     """)
     assert got.get("error") is not None and "yielded no sample" in got["error"], got
     assert got["peak"] < 64 * MiB  # bound: 64 MiB (the 4-graph collate peaked at 9.8 GB)
+
+
+# ------------------------------------------------------------------ exact skip
+
+
+def _corrupt(folder: Path, sample: int, at: int = 5) -> None:
+    """Flip a byte of the first header of ``sample`` (its checksum then fails)."""
+    import numpy as np
+
+    shard = folder / "train-000000.tar"
+    offsets = np.load(folder / "train-000000.tar.idx.npy")
+    data = bytearray(shard.read_bytes())
+    data[int(offsets[sample]) + at] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("source", ["folder", "shard"])
+def test_corrupt_header_loses_only_its_sample_with_an_index(tmp_path: Path, source: str) -> None:
+    folder = make_shards(tmp_path, [6])
+    _corrupt(folder, 3)
+    src = folder if source == "folder" else folder / "train-000000.tar"  # a shard finds its manifest beside it
+    with pytest.raises(ShardFormatError, match="bad tar header checksum at byte 3072"):
+        keys(ShardDataset(src, decode=None))
+    ds = ShardDataset(src, decode=None, on_error="skip")
+    assert keys(ds) == ["000000", "000001", "000002", "000004", "000005"]
+    assert dict(ds.stats) == {"samples": 5, "bad_shard": 1, "lost_samples": 1, "skipped": 1}
+
+
+def test_two_corrupt_samples_and_a_later_part(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [N_INDEXED])
+    _corrupt(folder, 22)
+    _corrupt(folder, 30, at=130)  # inside the size field: non-octal
+    ds = ShardDataset(folder, decode=None, on_error="skip", rank=1, world_size=2)  # samples 20-39, via the index
+    assert keys(ds) == [sample_key(i) for i in range(20, 40) if i not in (22, 30)]
+    assert dict(ds.stats) == {"samples": 18, "bad_shard": 1, "lost_samples": 2, "skipped": 2}
+
+
+def test_corrupt_header_without_an_index_keeps_what_it_can_tell_complete(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [6], manifest=False, index=False)
+    shard = folder / "train-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[3 * 1024 + 5] ^= 0xFF  # samples are 1024 bytes: sample 3's header, checksum now wrong
+    shard.write_bytes(bytes(data))
+    ds = ShardDataset(shard, decode=None, on_error="skip")
+    # without an index, whether the damaged header began sample 3 or was another member of
+    # sample 2 cannot be told: sample 2 is not yielded as complete
+    assert keys(ds) == ["000000", "000001"]
+    assert dict(ds.stats) == {"samples": 2, "bad_shard": 1, "lost_samples": 1, "skipped": 1}
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_cut_inside_member_data_keeps_every_complete_sample(tmp_path: Path, manifest: bool) -> None:
+    folder = make_shards(tmp_path, [51], manifest=manifest, index=manifest)
+    shard = folder / "train-000000.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: 50 * 1024 + 512 + 1])  # 50 whole samples, then sample 50's header and 1 data byte
+    ds = ShardDataset(folder if manifest else shard, decode=None, on_error="skip")
+    assert keys(ds) == [sample_key(i) for i in range(50)]
+    assert ds.stats["samples"] == 50 and ds.stats["lost_samples"] == 1 and ds.stats["truncated_shard"] == 1

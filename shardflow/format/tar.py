@@ -16,7 +16,7 @@ user/group names, mode 0644.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from zlib import adler32 as _adler
 
 import numpy as np
@@ -159,6 +159,8 @@ def member_runs(
             is empty (0 bytes) when read from offset 0.
         ShardFormatError: a header checksum or field is invalid, an extended
             header is over ``limits.max_header_bytes``, or a member runs past ``end``.
+            Its ``offset`` is where the damaged member's first header starts,
+            its ``member`` the member's name when its header was sound.
     """
     it = iter(chunks)
     buf = b""
@@ -171,99 +173,113 @@ def member_runs(
     empty = True
     stop = end if end is not None else -1
     run = 16  # members in the next bulk run (see _plain_members)
-    while True:
-        offset = base + pos
-        if offset == stop:
-            return offset
-        if len(buf) - pos < BLOCK:
-            buf, base, ok = _refill(it, buf, pos, base, BLOCK)
-            pos = 0
-            if not ok:
-                if not buf and not empty and first_offset is None:
-                    # Every tar writer ends with the end-of-archive marker; a stream that stops
-                    # on a member boundary without it was cut short, and its last sample may
-                    # be missing members, so it must not be yielded as complete.
-                    raise TruncatedShardError(
-                        f"{url}: ends at byte {offset} without the tar end-of-archive marker: the shard was cut short"
-                    )
-                if not buf and start == 0 and empty:
-                    raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
-                raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
-        empty = False
-        if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
-            # Plain members (most of any shard) parsed in bulk, same checks, see _plain_members
-            members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes, run)
-            run = min(2 * run, _RUN)  # short runs first: the first sample comes soon
-            if members:
-                yield members
+    offset = start
+    member: str | None = None  # the regular member whose header was read, for errors
+    try:
+        while True:
+            offset = base + pos
+            member = None
+            if offset == stop:
+                return offset
+            if len(buf) - pos < BLOCK:
+                buf, base, ok = _refill(it, buf, pos, base, BLOCK)
+                pos = 0
+                if not ok:
+                    if not buf and not empty and first_offset is None:
+                        # Every tar writer ends with the end-of-archive marker; a stream that stops
+                        # on a member boundary without it was cut short, and its last sample may
+                        # be missing members, so it must not be yielded as complete.
+                        raise TruncatedShardError(
+                            f"{url}: ends at byte {offset} without the tar end-of-archive marker: the shard was cut short"
+                        )
+                    if not buf and start == 0 and empty:
+                        raise TruncatedShardError(f"{url}: empty file (0 bytes), not a tar archive")
+                    raise TruncatedShardError(f"{url}: truncated inside a tar header at byte {offset}")
+            empty = False
+            if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
+                # Plain members (most of any shard) parsed in bulk, same checks, see _plain_members
+                members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes, run)
+                run = min(2 * run, _RUN)  # short runs first: the first sample comes soon
+                if members:
+                    yield members
+                    continue
+            header = buf[pos : pos + BLOCK]
+            if header[0] == 0 and header == _ZERO_BLOCK:
+                if first_offset is not None:
+                    raise TruncatedShardError(f"{url}: end-of-archive marker at byte {offset} right after an extended header")
+                return offset
+            chk = header[148:156]
+            # sum of the header's bytes with the checksum field as spaces (POSIX ustar);
+            # adler32's first half seeded with 0 is that sum mod 65521, and exact for
+            # 256 bytes (at most 65,280), 4x faster than sum() over the block
+            computed = _adler(header[:256], 0) % 65536 + _adler(header[256:], 0) % 65536 - sum(chk) + 256
+            stored = parse_number(chk, url, offset, "checksum")
+            if stored != computed and stored != _signed_checksum(header):
+                raise ShardFormatError(
+                    f"{url}: bad tar header checksum at byte {offset} (stored {stored}, computed {computed}); "
+                    "the shard is corrupt or not a tar archive"
+                )
+            try:
+                size = parse_number(header[124:136], url, offset, "size")
+            except ShardFormatError as e:
+                e.member = _header_name(header, long_name, pax)  # the checksum holds: the name is the writer's
+                raise
+            typeflag = header[156:157]
+            padded = (size + BLOCK - 1) & ~(BLOCK - 1)
+            if stop >= 0 and offset + BLOCK + padded > stop:
+                raise ShardFormatError(
+                    f"{url}: member at byte {offset} ({size} bytes) runs past byte {stop}, where the offset index "
+                    "says the next sample starts: the index does not match the shard (re-run `shardflow index`)",
+                    reason="stale_index",
+                )
+            if typeflag in REGULAR or typeflag not in KNOWN:
+                name = member = _member_name(header, long_name, pax, global_pax, url, offset)
+                bad = member_error(typeflag, pax, name, url, offset, size, limits)
+            else:
+                name, bad = "", None
+                check_extended_size(size, typeflag, url, offset, _header_name(header, long_name, pax), limits)
+            pos += BLOCK
+            if first_offset is None:
+                first_offset = offset
+            if bad is not None:  # before its bytes are skipped: a caller that raises need not wait for them
+                yield ((name, first_offset, bad),)
+            keep = bad is None and typeflag not in SKIP_DATA
+            if len(buf) - pos >= padded:
+                data: bytes | bytearray | None = buf[pos : pos + size] if keep else None
+                pos += padded
+            else:  # the member runs into the next chunks: copy its bytes only, not the chunks
+                data, buf, base, pos, ok = _take(it, buf, pos, base, size, padded, keep)
+                if not ok:
+                    raise _truncated(url, header, long_name, pax, offset, size)
+                if keep and size < _BIG:
+                    data = bytes(data)  # members under 1 MiB are bytes (see the docstring)
+            if bad is not None:
+                pass
+            elif typeflag in REGULAR:
+                yield ((name, first_offset, data),)
+            elif typeflag == b"L":
+                long_name = bytes(data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 continue
-        header = buf[pos : pos + BLOCK]
-        if header[0] == 0 and header == _ZERO_BLOCK:
-            if first_offset is not None:
-                raise TruncatedShardError(f"{url}: end-of-archive marker at byte {offset} right after an extended header")
-            return offset
-        chk = header[148:156]
-        # sum of the header's bytes with the checksum field as spaces (POSIX ustar);
-        # adler32's first half seeded with 0 is that sum mod 65521, and exact for
-        # 256 bytes (at most 65,280), 4x faster than sum() over the block
-        computed = _adler(header[:256], 0) % 65536 + _adler(header[256:], 0) % 65536 - sum(chk) + 256
-        stored = parse_number(chk, url, offset, "checksum")
-        if stored != computed and stored != _signed_checksum(header):
-            raise ShardFormatError(
-                f"{url}: bad tar header checksum at byte {offset} (stored {stored}, computed {computed}); "
-                "the shard is corrupt or not a tar archive"
-            )
-        size = parse_number(header[124:136], url, offset, "size")
-        typeflag = header[156:157]
-        padded = (size + BLOCK - 1) & ~(BLOCK - 1)
-        if stop >= 0 and offset + BLOCK + padded > stop:
-            raise ShardFormatError(
-                f"{url}: member at byte {offset} ({size} bytes) runs past byte {stop}, where the offset index "
-                "says the next sample starts: the index does not match the shard (re-run `shardflow index`)",
-                reason="stale_index",
-            )
-        if typeflag in REGULAR or typeflag not in KNOWN:
-            name = _member_name(header, long_name, pax, global_pax, url, offset)
-            bad = member_error(typeflag, pax, name, url, offset, size, limits)
-        else:
-            name, bad = "", None
-            check_extended_size(size, typeflag, url, offset, _header_name(header, long_name, pax), limits)
-        pos += BLOCK
-        if first_offset is None:
-            first_offset = offset
-        if bad is not None:  # before its bytes are skipped: a caller that raises need not wait for them
-            yield ((name, first_offset, bad),)
-        keep = bad is None and typeflag not in SKIP_DATA
-        if len(buf) - pos >= padded:
-            data: bytes | bytearray | None = buf[pos : pos + size] if keep else None
-            pos += padded
-        else:  # the member runs into the next chunks: copy its bytes only, not the chunks
-            data, buf, base, pos, ok = _take(it, buf, pos, base, size, padded, keep)
-            if not ok:
-                raise _truncated(url, header, long_name, pax, offset, size)
-            if keep and size < _BIG:
-                data = bytes(data)  # members under 1 MiB are bytes (see the docstring)
-        if bad is not None:
-            pass
-        elif typeflag in REGULAR:
-            yield ((name, first_offset, data),)
-        elif typeflag == b"L":
-            long_name = bytes(data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            continue
-        elif typeflag == b"x":
-            pax = parse_pax(data, url, offset)
-            continue
-        elif typeflag == b"g":
-            global_pax = parse_pax(data, url, offset)
-            if any(k.startswith("GNU.sparse.") for k in global_pax):
-                raise ShardFormatError(f"{url}: global PAX header at byte {offset} declares sparse files, "
-                                       "which shardflow does not read", reason="unsupported_member")
-        elif typeflag == b"K":
-            continue  # GNU long link name: applies to the next header, not a sample
-        # directories, links, devices and fifos are not samples
-        long_name = None
-        pax = {}
-        first_offset = None
+            elif typeflag == b"x":
+                pax = parse_pax(data, url, offset)
+                continue
+            elif typeflag == b"g":
+                global_pax = parse_pax(data, url, offset)
+                if any(k.startswith("GNU.sparse.") for k in global_pax):
+                    raise ShardFormatError(f"{url}: global PAX header at byte {offset} declares sparse files, "
+                                           "which shardflow does not read", reason="unsupported_member")
+            elif typeflag == b"K":
+                continue  # GNU long link name: applies to the next header, not a sample
+            # directories, links, devices and fifos are not samples
+            long_name = None
+            pax = {}
+            first_offset = None
+    except ShardFormatError as e:
+        if e.offset is None:  # where the damage starts: a sample boundary, if the index has it there
+            e.offset = first_offset if first_offset is not None else offset
+        if e.member is None:
+            e.member = member
+        raise
 
 
 _RUN = 4096  # most members parsed in one run (their headers are gathered: 2 MiB)
@@ -388,6 +404,7 @@ def iter_samples(
     limit: int | None = None,
     sample_errors: str = "raise",
     limits: Limits = DEFAULT_LIMITS,
+    starts: Collection[int] | None = None,
 ) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
     """Group a tar stream's members into samples.
 
@@ -401,13 +418,19 @@ def iter_samples(
             ``"yield"`` yields ``(key, offset, SampleError)`` for the bad sample
             instead and goes on with the next one.
         limits: the largest member and extended header read (see :class:`Limits`).
+        starts: the offsets where samples start (the offset index's entries
+            for this range), or None. They tell a damaged header that starts a
+            sample from one inside a sample (see below).
 
     Yields:
         ``(key, offset, fields)``: the key, the absolute offset of the sample's
         first header, and ``{field: bytes}`` in member order. A sample is
-        yielded only once its last member is complete (the next key starts, the
-        archive ends, or ``end`` is reached), so a truncated shard never yields
-        a partial sample.
+        yielded only once it is known to be complete: the next key starts, the
+        archive ends, ``end`` is reached, or the stream is damaged right after
+        it where the next sample starts (the damaged member's header was sound
+        and names another key, or ``starts`` holds its offset). A truncated or
+        corrupt shard so never yields a partial sample, and loses no complete
+        one it can tell.
 
     Raises:
         SampleError: a key reappears after its sample was closed (members of a
@@ -424,63 +447,78 @@ def iter_samples(
     fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
     sample_offset = start
     count = 0
-    for run in member_runs(chunks, url, start, end=end, limits=limits):
-        for name, offset, data in run:  # a run is a list: no generator step per member
-            # key/field split as in split_name(), inlined: this loop runs once per member
-            slash = name.rfind("/") + 1
-            dot = name.find(".", slash)
-            if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
-                if isinstance(data, SampleError) and sample_errors == "raise":
-                    raise data  # not a sample's member, but not one shardflow understands either
-                continue
-            k = name[:dot]
-            field = name[dot + 1 :]
-            if not field.islower() and field != field.lower():
-                field = field.lower()
-            if k != key:
-                if key is not None:
-                    if fields is not None:
-                        yield key, sample_offset, fields
-                        count += 1
-                        if limit is not None and count >= limit:
-                            return
-                    closed.add(key)
-                key, fields, sample_offset = k, {}, offset
-                if k in closed:
+    try:
+        for run in member_runs(chunks, url, start, end=end, limits=limits):
+            for name, offset, data in run:  # a run is a list: no generator step per member
+                # key/field split as in split_name(), inlined: this loop runs once per member
+                slash = name.rfind("/") + 1
+                dot = name.find(".", slash)
+                if dot <= slash or dot == len(name) - 1 or name.startswith("__", slash):
+                    if isinstance(data, SampleError) and sample_errors == "raise":
+                        raise data  # not a sample's member, but not one shardflow understands either
+                    continue
+                k = name[:dot]
+                field = name[dot + 1 :]
+                if not field.islower() and field != field.lower():
+                    field = field.lower()
+                if k != key:
+                    if key is not None:
+                        if fields is not None:
+                            yield key, sample_offset, fields
+                            count += 1
+                            if limit is not None and count >= limit:
+                                return
+                        closed.add(key)
+                    key, fields, sample_offset = k, {}, offset
+                    if k in closed:
+                        bad = SampleError(
+                            f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members "
+                            "of a sample must be adjacent in the tar (re-create the shard with `shardflow` or "
+                            "`tar --sort=name`)",
+                            reason="non_adjacent",
+                        )
+                        if sample_errors == "raise":
+                            raise bad
+                        fields = bad
+                if type(fields) is not dict:  # None or a SampleError: the sample is dropped
+                    continue
+                if type(data) is not bytes and isinstance(data, SampleError):
+                    if sample_errors == "raise":
+                        raise data
+                    # reported at once, before the member's bytes are skipped (and before a cut in them
+                    # is found); the sample's other members are then dropped as they come
+                    yield k, sample_offset, data
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+                    fields = None
+                    continue
+                if field in fields:
                     bad = SampleError(
-                        f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members "
-                        "of a sample must be adjacent in the tar (re-create the shard with `shardflow` or "
-                        "`tar --sort=name`)",
-                        reason="non_adjacent",
+                        f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte {offset})",
+                        reason="duplicate_field",
                     )
                     if sample_errors == "raise":
                         raise bad
                     fields = bad
-            if type(fields) is not dict:  # None or a SampleError: the sample is dropped
-                continue
-            if type(data) is not bytes and isinstance(data, SampleError):
-                if sample_errors == "raise":
-                    raise data
-                # reported at once, before the member's bytes are skipped (and before a cut in them
-                # is found); the sample's other members are then dropped as they come
-                yield k, sample_offset, data
-                count += 1
-                if limit is not None and count >= limit:
-                    return
-                fields = None
-                continue
-            if field in fields:
-                bad = SampleError(
-                    f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte {offset})",
-                    reason="duplicate_field",
-                )
-                if sample_errors == "raise":
-                    raise bad
-                fields = bad
-                continue
-            fields[field] = data
+                    continue
+                fields[field] = data
+    except ShardFormatError as e:
+        if key is not None and type(fields) is dict and fields and _ends_sample(e, key, starts):
+            yield key, sample_offset, fields
+        raise
     if key is not None and fields is not None:
         yield key, sample_offset, fields
+
+
+def _ends_sample(err: ShardFormatError, key: str, starts: Collection[int] | None) -> bool:
+    """Whether the damage ``err`` reports starts a new sample (so the one before it is complete)."""
+    if starts is not None and err.offset is not None and err.offset in starts:
+        return True
+    if err.member is None:
+        return False
+    split = split_name(err.member)
+    return split is not None and split[0] != key
 
 
 def scan_shard(
