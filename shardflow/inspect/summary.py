@@ -213,34 +213,9 @@ def summarize(
         workers = default_workers(src) if workers is None else workers
         preload(src, workers)
         results: list[_ScanResult] = map_shards(_scan_shard, tasks, workers, progress)
-        field_counts = Counter()
-        labels = Counter()
-        graphs: dict[str, dict[str, Any]] = {}
-        for url, r in zip(src.urls, results):
-            field_counts.update(r.fields)
-            labels.update(r.labels)
-            for name, acc in r.graphs.items():
-                merge_graphs(graphs.setdefault(name, {}), acc)
-            if len(out["first_keys"]) < keys:
-                out["first_keys"].extend(r.keys[: keys - len(out["first_keys"])])
-            if r.error is not None:
-                out["errors"].append(r.error)
-        scanned_samples = sum(r.samples for r in results)
-        scanned_bytes = sum(r.bytes for r in results)
-        if m is None:
-            out["samples"] = scanned_samples
-            out["bytes"] = scanned_bytes
-        else:
-            if scanned_samples != m.num_samples and not out["errors"]:
-                out["errors"].append(
-                    f"the manifest lists {m.num_samples} samples, the shards hold {scanned_samples}"
-                )
-            if out["bytes"] is None:
-                out["bytes"] = scanned_bytes
+        field_counts, labels = _add_scan(out, results, m, keys)
         for name in field_counts:
             field_codecs.setdefault(name, codec_extension(name))
-        if graphs:
-            out["graphs"] = {name: graph_summary(acc) for name, acc in sorted(graphs.items())}
     else:
         out["first_keys"] = [s["__key__"] for s in head(src, keys, io=io)]
         if out["bytes"] is None:
@@ -258,3 +233,33 @@ def summarize(
         ]
         out["classes_from"] = origin
     return out
+
+
+def _add_scan(out: dict[str, Any], results: list[_ScanResult], m: Any, keys: int) -> tuple[Counter, Counter]:
+    """Put what the shard scans found into the summary ``out``; return the field
+    and label counts."""
+    field_counts: Counter = Counter()
+    labels: Counter = Counter()
+    graphs: dict[str, dict[str, Any]] = {}
+    for r in results:
+        field_counts.update(r.fields)
+        labels.update(r.labels)
+        for name, acc in r.graphs.items():
+            merge_graphs(graphs.setdefault(name, {}), acc)
+        if len(out["first_keys"]) < keys:
+            out["first_keys"].extend(r.keys[: keys - len(out["first_keys"])])
+        if r.error is not None:
+            out["errors"].append(r.error)
+    scanned_samples = sum(r.samples for r in results)
+    scanned_bytes = sum(r.bytes for r in results)
+    if m is None:
+        out["samples"] = scanned_samples
+        out["bytes"] = scanned_bytes
+    else:
+        if scanned_samples != m.num_samples and not out["errors"]:
+            out["errors"].append(f"the manifest lists {m.num_samples} samples, the shards hold {scanned_samples}")
+        if out["bytes"] is None:
+            out["bytes"] = scanned_bytes
+    if graphs:
+        out["graphs"] = {name: graph_summary(acc) for name, acc in sorted(graphs.items())}
+    return field_counts, labels
