@@ -19,6 +19,7 @@ import numpy as np
 from . import storage
 from .errors import ManifestError
 from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts, decode_offsets, decode_sizes, manifest_from_journal
+from .storage.urls import escapes_folder
 from .urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
 __all__ = ["Source", "resolve_source", "load_manifest"]
@@ -80,7 +81,7 @@ def _costs_of(source: "Source", column: str, options: storage.IOOptions) -> np.n
     for info in m.shards:
         if not info.sizes:
             raise ManifestError(f"{m.url}: shard {info.url} has no sizes index, so it cannot be batched by cost")
-        url = join_url(folder, info.sizes)
+        url = listed_url(folder, info.sizes, m.url or "<manifest>", "sizes index", options)
         out.append(decode_sizes(_read_all(url, options), url, info.samples, len(columns))[:, columns.index(column)])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -111,18 +112,46 @@ def _is_dir(url: str, options: storage.IOOptions) -> bool:
     return storage.is_dir(url, options)
 
 
-def _from_manifest(manifest: Manifest, murl: str, urls: Sequence[str] | None = None) -> Source:
+def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOOptions) -> str:
+    """A URL that a manifest lists, resolved against its folder, and kept inside it.
+
+    Args:
+        folder: the manifest's folder.
+        rel: the URL as listed.
+        murl: the manifest's URL, for errors.
+        what: what is listed (``"shard"``, ``"offset index"``, ...), for errors.
+        options: ``options.trust_manifest_urls`` lifts the containment.
+
+    Raises:
+        ManifestError: (reason ``"manifest_url"``) ``rel`` is absolute, another
+            protocol, an fsspec ``::`` chain, or leaves the folder. The message
+            quotes the listed name, nothing read from it.
+    """
+    if not options.trust_manifest_urls:
+        why = escapes_folder(rel)
+        if why is not None:
+            raise ManifestError(
+                f"{murl}: the {what} URL {rel!r} {why}: a manifest's URLs must be relative paths under its "
+                "folder (pass io=IOOptions(trust_manifest_urls=True) to open it anyway)",
+                reason="manifest_url",
+            )
+    return join_url(folder, rel)
+
+
+def _from_manifest(
+    manifest: Manifest, murl: str, options: storage.IOOptions, urls: Sequence[str] | None = None
+) -> Source:
     folder = parent_url(murl)
-    by_url = {join_url(folder, s.url): s for s in manifest.shards}
     chosen: list[ShardInfo]
     if urls is None:
         chosen = list(manifest.shards)
-        full = [join_url(folder, s.url) for s in chosen]
-    else:
+        full = [listed_url(folder, s.url, murl, "shard", options) for s in chosen]
+    else:  # the user's own URLs, matched to the manifest's entries
+        by_url = {join_url(folder, s.url): s for s in manifest.shards}
         full = list(urls)
         chosen = [by_url[u] for u in full]
     sub = Manifest(shards=chosen, fields=manifest.fields, meta=manifest.meta, url=murl)
-    index = [join_url(folder, s.index) if s.index else None for s in chosen]
+    index = [listed_url(folder, s.index, murl, "offset index", options) if s.index else None for s in chosen]
     return Source(urls=full, manifest=sub, index_urls=index)
 
 
@@ -142,7 +171,7 @@ def _sibling_manifest(urls: list[str], options: storage.IOOptions) -> Source | N
     listed = {join_url(folder, s.url) for s in manifest.shards}
     if not all(u in listed for u in urls):
         return None
-    return _from_manifest(manifest, murl, urls)
+    return _from_manifest(manifest, murl, options, urls)
 
 
 def _home(url: str) -> str:
@@ -167,11 +196,11 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
     if isinstance(source, str):
         source = _home(source)
         if source.endswith(".json"):
-            return _from_manifest(load_manifest(source, options), source)
+            return _from_manifest(load_manifest(source, options), source, options)
         if _is_dir(source, options):
             murl = join_url(source, MANIFEST_NAME)
             if storage.exists(murl, options):
-                return _from_manifest(load_manifest(murl, options), murl)
+                return _from_manifest(load_manifest(murl, options), murl, options)
             journal = murl + JOURNAL_SUFFIX
             if storage.exists(journal, options):
                 # a ShardWriter that never closed (killed): the shards it finished
@@ -179,7 +208,7 @@ def resolve_source(source: str | os.PathLike | Sequence[str], options: storage.I
                 check_counts(manifest, options.limits)
                 log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
                             source, len(manifest.shards))
-                return _from_manifest(manifest, murl)
+                return _from_manifest(manifest, murl, options)
             found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
             if not found:
                 raise FileNotFoundError(f"{source}: no shardflow.json and no .tar shards in this folder")

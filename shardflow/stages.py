@@ -188,10 +188,53 @@ def _open_segment(
         lo, hi = int(offsets[start]), int(offsets[stop])
         raw = storage.open_chunks(url, lo, hi, io, check_size=check)
         return _Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1]))
-    raw = storage.open_chunks(url, 0, None, io, check_size=check)
-    samples = iter_samples(storage.decompressing_chunks(raw, url), url, 0, limit=stop, sample_errors="yield", limits=io.limits)
+    manifest = source.manifest
+    # read to the end: the manifest's digest checks the bytes where the store gives no validator
+    sha = manifest.shards[shard].sha256 if manifest is not None and stop >= manifest.shards[shard].samples else None
+    raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha)
+    chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
+    samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield", limits=io.limits)
+    if sha:
+        samples = _drained(samples, raw)
     return _Opened(raw, _from(samples, start) if start else samples)
 
+
+def _drained(samples: Iterator[Any], raw: Iterator[bytes]) -> Iterator[Any]:
+    """``samples``, with the rest of ``raw`` read (the end-of-archive padding) before the
+    last one is given, so that a whole read reaches its end, where its digest is checked,
+    while the reader still listens."""
+    held = _NOTHING
+    try:
+        for item in samples:
+            if held is not _NOTHING:
+                yield held
+            held = item
+    except ShardflowError:
+        if held is not _NOTHING:  # the error is the stream's, not the held sample's
+            yield held
+        raise
+    for _ in raw:
+        pass
+    if held is not _NOTHING:
+        yield held
+
+
+_NOTHING = object()
+
+
+class _Unclosed:
+    """An iterator over ``it`` without ``close``: a consumer that stops early leaves ``it`` open."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: Iterator[bytes]) -> None:
+        self._it = it
+
+    def __iter__(self) -> _Unclosed:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._it)
 
 def _seek_samples(
     raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray

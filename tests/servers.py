@@ -90,6 +90,12 @@ class Faults:
             servers without range support do.
         content_encoding: extra ``Content-Encoding`` header per relative path
             (``{"x.tar.gz": "gzip"}``), as misconfigured servers send for ``.gz``.
+        stall_after: on every GET, send this many body bytes, then stall (send
+            nothing, keep the connection open) for ``stall_for`` seconds.
+        stall_headers: on every GET, stall before sending the response headers.
+        stall_head: seconds to stall before answering a HEAD.
+        stall_for: how long a stall lasts (cut short when the server stops).
+        no_validators: send neither ETag nor Last-Modified (a plain file server).
     """
 
     drop_after: int | None = None
@@ -106,6 +112,11 @@ class Faults:
     latency: float = 0.0
     ignore_range: bool = False
     content_encoding: dict[str, str] = field(default_factory=dict)
+    stall_after: int | None = None
+    stall_headers: bool = False
+    stall_head: float = 0.0
+    stall_for: float = 60.0
+    no_validators: bool = False
 
 
 @dataclass
@@ -153,6 +164,12 @@ class _Handler(BaseHTTPRequestHandler):
                 srv.stats.failures += 1
         if srv.faults.latency:
             time.sleep(srv.faults.latency)
+        if head and srv.faults.stall_head:
+            srv.stopping.wait(srv.faults.stall_head)
+        if not head and srv.faults.stall_headers:
+            srv.stopping.wait(srv.faults.stall_for)
+            self.close_connection = True
+            return
         if fail:
             self._empty(srv.faults.fail_status)
             return
@@ -198,8 +215,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(stop - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if not srv.faults.no_validators:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         if rel in srv.faults.content_encoding:
             self.send_header("Content-Encoding", srv.faults.content_encoding[rel])
         if status == HTTPStatus.PARTIAL_CONTENT:
@@ -231,9 +249,15 @@ class _Handler(BaseHTTPRequestHandler):
             pos = start
             file.seek(start)
             while pos < end:
+                if faults.stall_after is not None and pos - start >= faults.stall_after:
+                    self.wfile.flush()
+                    srv.stopping.wait(faults.stall_for)
+                    self.close_connection = True
+                    return
                 if faults.delay:
                     time.sleep(faults.delay)
-                piece = file.read(min(_PIECE, end - pos))
+                room = _PIECE if faults.stall_after is None else max(1, start + faults.stall_after - pos)
+                piece = file.read(min(_PIECE, end - pos, room))
                 if not piece:  # the file shrank under us: cut the response
                     break
                 self.wfile.write(piece)
@@ -320,6 +344,7 @@ class FileHTTPServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self._generations: dict[str, int] = {}
         self._thread: threading.Thread | None = None
+        self.stopping = threading.Event()  # ends the stalls of Faults.stall_*
 
     def generation(self, rel: str) -> int:
         with self.lock:
@@ -358,6 +383,7 @@ class FileHTTPServer(ThreadingHTTPServer):
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         self.shutdown()
         self.server_close()
         if self._thread is not None:

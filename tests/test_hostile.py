@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from shardflow import DecodeOptions, IndexedShardDataset, IOOptions, ShardDataset
-from shardflow.errors import DecodeError, ManifestError, SampleError, ShardflowError, ShardFormatError
+from shardflow.errors import DecodeError, ManifestError, RemoteReadError, SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
 from shardflow.indexing import index_shards
@@ -543,3 +543,135 @@ def test_cut_inside_member_data_keeps_every_complete_sample(tmp_path: Path, mani
     ds = ShardDataset(folder if manifest else shard, decode=None, on_error="skip")
     assert keys(ds) == [sample_key(i) for i in range(50)]
     assert ds.stats["samples"] == 50 and ds.stats["lost_samples"] == 1 and ds.stats["truncated_shard"] == 1
+
+
+# ------------------------------------------------------------------ manifest URLs
+
+
+def _point_manifest(folder: Path, url: str, index: str | None = None) -> None:
+    manifest = json.loads((folder / "shardflow.json").read_text())
+    manifest["shards"][0]["url"] = url
+    if index is not None:
+        manifest["shards"][0]["index"] = index
+    (folder / "shardflow.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("../outside/x.tar", "leaves the manifest's folder"),
+        ("sub/../../outside/x.tar", "leaves the manifest's folder"),
+        ("%2e%2e/outside/x.tar", "leaves the manifest's folder"),
+        ("/etc/passwd", "is an absolute path"),
+        ("~/x.tar", "is an absolute path"),
+        ("file:///etc/passwd", "is an absolute URL"),
+        ("http://127.0.0.1:9/x.tar", "is an absolute URL"),
+        ("s3://bucket/x.tar", "is an absolute URL"),
+        ("simplecache::file:///etc/passwd", "is an fsspec '::' chain"),
+        ("C:/Windows/x.tar", "is an absolute URL"),
+        ("..\\x.tar", "holds a backslash"),
+    ],
+)
+def test_manifest_urls_stay_inside_the_dataset(tmp_path: Path, url: str, why: str) -> None:
+    folder = make_shards(tmp_path, [3])
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "x.tar").write_bytes((folder / "train-000000.tar").read_bytes())
+    _point_manifest(folder, url)
+    with pytest.raises(ManifestError, match=re.escape(f"the shard URL {url!r} {why}")) as info:
+        ShardDataset(folder, decode=None)
+    assert info.value.reason == "manifest_url" and "trust_manifest_urls=True" in str(info.value)
+    with pytest.raises(ManifestError, match="manifest_url|must be relative"):
+        IndexedShardDataset(folder, decode=None)
+
+
+def test_index_urls_are_contained_too_and_trust_is_an_option(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [3])
+    _point_manifest(folder, "train-000000.tar", index="/etc/passwd")
+    with pytest.raises(ManifestError, match=r"the offset index URL '/etc/passwd' is an absolute path"):
+        ShardDataset(folder, decode=None)
+    # trusted: an absolute URL to the real shard opens (as `shardflow index --out` elsewhere writes)
+    _point_manifest(folder, str(folder / "train-000000.tar"), index="train-000000.tar.idx.npy")
+    ds = ShardDataset(folder, decode=None, io=IOOptions(trust_manifest_urls=True))
+    assert keys(ds) == ["000000", "000001", "000002"]
+    # contained relative URLs with '..' that stay inside are fine
+    (folder / "sub").mkdir()
+    _point_manifest(folder, "sub/../train-000000.tar")
+    assert keys(ShardDataset(folder, decode=None)) == ["000000", "000001", "000002"]
+
+
+def test_errors_quote_names_never_file_contents(tmp_path: Path) -> None:
+    secret = b"root:x:0:0:SECRET-TOKEN-1234:/root:/bin/bash\n" * 20
+    url = write(tmp_path, "passwd.tar", secret)
+    with pytest.raises(ShardFormatError) as info:
+        keys(ShardDataset(url, decode=None))
+    assert "SECRET" not in str(info.value) and "root:" not in str(info.value)
+    bad = header(b"000000.txt", b"root:x:0:0:\0") + b"x" * 512
+    with pytest.raises(ShardFormatError, match=r"non-octal size field \(not digits 0-7\)") as info:
+        list(iter_samples([bad], "x.tar"))
+    assert "root" not in str(info.value).replace("000000", "")
+
+
+# ------------------------------------------------------------------ network deadlines and splicing
+
+
+FAST = dict(request_timeout=0.5, retries=1, backoff=0.05, part_deadline=3.0)
+
+
+def _served(tmp_path: Path, srv, n: int = 40) -> str:
+    folder = make_shards(tmp_path, [n])
+    for p in folder.iterdir():
+        srv.put(p.name, p.read_bytes())
+    return srv.url_for("shardflow.json")
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_after_some_bytes_on_every_get_fails_in_bounded_time(tmp_path: Path, flaky_http_server) -> None:
+    import time
+
+    murl = _served(tmp_path, flaky_http_server)
+    # every GET sends 5000 bytes, then stalls: each reopen makes progress, so retries never run out
+    flaky_http_server.faults.stall_after = 5000
+    began = time.monotonic()
+    with pytest.raises(RemoteReadError, match=r"reached byte \d+ only, after 3.\d s of waiting on the store, past the "
+                       r"deadline of 3 s \(IOOptions.part_deadline\)"):
+        keys(ShardDataset(murl, decode=None, io=IOOptions(**FAST)))
+    assert time.monotonic() - began < 10  # about part_deadline (it was never: no error in 900 s)
+    assert flaky_http_server.stats.gets >= 3  # it did make progress before giving up
+    skip = ShardDataset(murl, decode=None, io=IOOptions(**FAST), on_error="skip")
+    got = keys(skip)  # the samples read whole before the deadline, then the rest counted lost
+    assert got == [sample_key(i) for i in range(len(got))] and 0 < len(got) < 40
+    assert skip.stats["remote_read"] == 1 and skip.stats["lost_samples"] == 40 - len(got)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["headers", "head"])
+def test_stalled_headers_and_head_requests_time_out_and_retries_apply(tmp_path: Path, flaky_http_server, where) -> None:
+    import time
+
+    murl = _served(tmp_path, flaky_http_server)
+    if where == "head":
+        flaky_http_server.faults.stall_head = 60.0
+    else:
+        flaky_http_server.faults.stall_headers = True
+    flaky_http_server.reset_stats()
+    began = time.monotonic()
+    with pytest.raises((RemoteReadError, ManifestError)):
+        keys(ShardDataset(murl, decode=None, io=IOOptions(request_timeout=0.5, retries=0, backoff=0.01)))
+    assert time.monotonic() - began < 8  # retries=0: one timed-out request (not 300 s)
+
+
+def test_a_changed_object_without_validators_is_caught_by_the_manifest_digest(tmp_path: Path, flaky_http_server) -> None:
+    folder = make_shards(tmp_path, [40])
+    shard = (folder / "train-000000.tar").read_bytes()
+    for p in folder.iterdir():
+        flaky_http_server.put(p.name, p.read_bytes())
+    # another version of the same size: the first GET is dropped half way, the file replaced
+    changed = bytearray(shard)
+    changed[20 * 1024 + 512] ^= 1  # sample 20's cls "20" becomes "30": a different object, same size
+    faults = flaky_http_server.faults
+    faults.no_validators, faults.drop_after, faults.max_drops = True, 20 * 1024 + 512, 1
+    faults.change_on_drop = bytes(changed)
+    io = IOOptions(retries=3, backoff=0.01, request_timeout=2.0, readahead=0)
+    with pytest.raises(RemoteReadError, match=r"read whole, its sha256 is [0-9a-f]+ but the manifest lists"):
+        keys(ShardDataset(flaky_http_server.url_for("shardflow.json"), decode=None, io=io))
+    assert flaky_http_server.stats.drops == 1 and flaky_http_server.stats.changes == 1

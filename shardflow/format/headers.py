@@ -47,7 +47,8 @@ def parse_number(field: bytes, url: str, offset: int, what: str) -> int:
     if not text:
         return 0
     if not _OCTAL.issuperset(text):
-        raise ShardFormatError(f"{url}: header at byte {offset} has a non-octal {what} field {field!r}")
+        # the field's bytes are not quoted: a shard's bytes are not for error messages
+        raise ShardFormatError(f"{url}: header at byte {offset} has a non-octal {what} field (not digits 0-7)")
     return int(text, 8)
 
 
@@ -66,7 +67,7 @@ def parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
         space = data.find(b" ", pos, pos + 21)
         digits = data[pos:space] if space > pos else b""
         if not digits or not digits.isdigit():
-            raise ShardFormatError(f"{url}: malformed PAX header at byte {offset} (record length {digits[:20]!r})")
+            raise ShardFormatError(f"{url}: malformed PAX header at byte {offset} (a record length is not decimal)")
         length = int(digits)
         end = pos + length
         if length <= space + 1 - pos or end > len(data) or data[end - 1] != 0x0A:

@@ -56,7 +56,7 @@ class ShardCache:
         import fcntl
 
         fs, path = filesystem(url, options)
-        info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path))
+        info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path, options.request_timeout))
         size = info.get("size")
         if size is None or size > self.limit:
             yield None

@@ -149,6 +149,12 @@ def object_identity(info: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None}
 
 
+def has_validator(identity: Mapping[str, str]) -> bool:
+    """Whether an identity names one version of an object by more than its size
+    (an ETag, a modification time, a version id, a digest)."""
+    return any(key != "size" for key in identity)
+
+
 def identity_difference(old: Mapping[str, str], new: Mapping[str, str]) -> str | None:
     """Describe how ``new`` differs from ``old`` on the keys both report, or None."""
     for key in old.keys() & new.keys():
@@ -157,8 +163,42 @@ def identity_difference(old: Mapping[str, str], new: Mapping[str, str]) -> str |
     return None
 
 
-def fresh_info(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
-    """``fs.info(path)`` after dropping fsspec's cached listing, so a changed object is seen."""
+def fresh_info(fs: fsspec.AbstractFileSystem, path: str, timeout: float | None = None) -> dict[str, Any]:
+    """``fs.info(path)`` after dropping fsspec's cached listing, so a changed object is seen.
+
+    Args:
+        timeout: seconds the request may take (async filesystems: HTTP, S3,
+            GCS, Azure); over it, ``fsspec.exceptions.FSTimeoutError`` (a
+            ``TimeoutError``, transient).
+    """
     with contextlib.suppress(Exception):
         fs.invalidate_cache(path)
-    return fs.info(path)
+    return timed(fs, "info", path, timeout=timeout)
+
+
+def timed(fs: fsspec.AbstractFileSystem, method: str, *args: Any, timeout: float | None) -> Any:
+    """``fs.<method>(*args)``, bounded to ``timeout`` seconds on an async filesystem.
+
+    fsspec's async filesystems run the request on their event loop; ``sync``
+    with a timeout cancels it there (``asyncio.wait_for``). A synchronous
+    filesystem (local, memory) is called as it is.
+    """
+    coroutine = getattr(fs, "_" + method, None) if getattr(fs, "async_impl", False) else None
+    if timeout is None or coroutine is None or getattr(fs, "loop", None) is None:
+        return getattr(fs, method)(*args)
+    return sync_within(fs.loop, coroutine, *args, timeout=timeout, what=f"{method}()")
+
+
+def sync_within(loop: Any, coroutine: Any, *args: Any, timeout: float, what: str, **kwargs: Any) -> Any:
+    """fsspec's ``sync`` bounded to ``timeout`` seconds; over it, a ``TimeoutError`` that says so.
+
+    Raises:
+        TimeoutError: (transient, so retried) the request took longer.
+    """
+    from fsspec.asyn import sync
+    from fsspec.exceptions import FSTimeoutError
+
+    try:
+        return sync(loop, coroutine, *args, timeout=timeout, **kwargs)
+    except FSTimeoutError as exc:
+        raise TimeoutError(f"no answer to {what} within {timeout:g} s (IOOptions.request_timeout)") from exc

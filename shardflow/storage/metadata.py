@@ -8,7 +8,7 @@ from typing import Any
 
 from shardflow.errors import RemoteReadError
 
-from .filesystems import filesystem, fresh_info
+from .filesystems import filesystem, fresh_info, timed
 from .options import DEFAULT_OPTIONS, IOOptions
 from .retries import call_with_retries, is_transient
 from .urls import is_local, local_path
@@ -27,7 +27,7 @@ def object_size(url: str, options: IOOptions = DEFAULT_OPTIONS) -> int:
     if is_local(url):
         return call_with_retries(url, 0, options, lambda: os.stat(local_path(url)).st_size)
     fs, path = filesystem(url, options)
-    info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path))
+    info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path, options.request_timeout))
     if info.get("size") is None:
         raise RemoteReadError(f"{url}: the store does not report the object's size")
     return int(info["size"])
@@ -39,7 +39,7 @@ def exists(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
     fs, path = _uncached(url, options)
-    return bool(call_with_retries(url, 0, options, lambda: fs.exists(path)))
+    return bool(call_with_retries(url, 0, options, lambda: timed(fs, "exists", path, timeout=options.request_timeout)))
 
 
 def is_dir(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
@@ -56,7 +56,7 @@ def is_dir(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
 
     def check() -> bool:
         try:
-            return bool(fs.isdir(path))
+            return bool(timed(fs, "isdir", path, timeout=options.request_timeout))
         except (FileNotFoundError, NotImplementedError, ValueError) as exc:
             if is_transient(exc):  # fsspec's HTTP reports a 503 as FileNotFoundError too
                 raise

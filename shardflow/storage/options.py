@@ -25,8 +25,9 @@ class IOOptions:
             ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
             When sources mix protocols, key them by protocol instead:
             ``{"s3": {...}, "https": {...}}``. Ignored for local paths.
-        retries: reopen attempts after a transient read failure before giving up;
-            the count restarts whenever a read makes progress. 0 disables retries.
+        retries: attempts after a transient failure of a request (a read, an
+            open, a ``HEAD``) before giving up; for reads the count restarts
+            whenever a read makes progress. 0 disables retries.
         backoff: seconds before the first retry; doubled at each further retry of
             the same failure, capped at :data:`MAX_BACKOFF`.
         block_size: bytes per read, and so the size of the chunks yielded.
@@ -35,8 +36,24 @@ class IOOptions:
         cache_limit: bytes; the cache evicts least recently used shards to stay
             below it. A shard larger than the limit is streamed uncached.
         limits: bounds on what shard, index and manifest bytes may declare
-            (the largest member, graph, sample count; see
+            (the largest member, the sample count per shard; see
             :class:`~shardflow.format.limits.Limits`).
+        request_timeout: seconds one request may wait for the store: to connect,
+            for the response's headers, for a ``HEAD``, or for the first byte of
+            a read (a read that received some bytes returns them). A request
+            over it fails as a transient error (retried). Default 30.
+        part_deadline: seconds reading one shard part (one byte range: a
+            shard, or the run of samples a reader seeks to) may spend waiting on
+            the store in all, retries and backoff included (time the consumer
+            spends between reads does not count). Over it, the read raises
+            ``RemoteReadError`` (counted under ``on_error="skip"``): a store
+            that trickles bytes or stalls on every request fails in bounded
+            time. Default 900 (15 minutes: 1 GiB at 1.2 MB/s).
+        trust_manifest_urls: open the shard, index and sizes URLs a manifest
+            lists wherever they point. Off by default: a manifest's URLs must
+            be relative paths that stay under the manifest's folder (no
+            absolute path or URL, no other protocol, no ``::`` chain, no
+            escaping ``..``), since whoever wrote the manifest chooses them.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -47,6 +64,9 @@ class IOOptions:
     cache_dir: str | None = None
     cache_limit: int = 32 << 30
     limits: Limits = DEFAULT_LIMITS
+    request_timeout: float = 30.0
+    part_deadline: float = 900.0
+    trust_manifest_urls: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -61,8 +81,14 @@ class IOOptions:
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not isinstance(self.trust_manifest_urls, bool):
+            raise TypeError(f"trust_manifest_urls must be a bool, got {self.trust_manifest_urls!r}")
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be a shardflow.format.limits.Limits, got {self.limits!r}")
+        for name in ("request_timeout", "part_deadline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         backoff = self.backoff
         if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
             raise TypeError(f"backoff must be a number of seconds, got {backoff!r}")

@@ -4,16 +4,17 @@ after a transient failure) and one ranged read."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from shardflow.errors import ShardflowError
+from shardflow.errors import RemoteReadError, ShardflowError
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
 from .errors import ShardChangedError, ShortReadError
-from .filesystems import filesystem, fresh_info, identity_difference, is_http, is_memory
+from .filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
 from .readers import open_reader
 from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay
@@ -67,13 +68,19 @@ def iter_chunks(url: str, start: int = 0, end: int | None = None,
 
 def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             expect: Mapping[str, str] | None = None,
-            check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
+            check_size: Callable[[int], None] | None = None,
+            sha256: str | None = None) -> Iterator[bytes]:
     """The chunk stream behind :func:`iter_chunks` (arguments checked by the caller).
 
     Args:
         expect: the object's identity from an earlier open; a different one raises
             :class:`ShardChangedError`.
         check_size: called with the object's size at the first open.
+        sha256: the object's expected digest (the manifest's), for a whole read
+            (``start == 0``, ``end is None``): when the store sends no validator
+            (no ETag, Last-Modified or version), a reopen could join bytes of two
+            versions of the same size, so the bytes read are hashed and a
+            mismatch at the end raises :class:`ShardChangedError`.
     """
     fs, path = filesystem(url, options)
     offset = start
@@ -81,8 +88,11 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
     identity = dict(expect) if expect is not None else None
     reader = None
     failures = 0
+    waited = 0.0  # seconds spent waiting on the store for this part (IOOptions.part_deadline)
+    hasher = None  # the splicing guard (see sha256)
     try:
         while stop is None or offset < stop:
+            began = time.monotonic()
             try:
                 if reader is None:
                     reader = open_reader(fs, path, url, offset, stop, options, identity)
@@ -90,6 +100,8 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                         identity = reader.identity
                         if check_size is not None and reader.size is not None:
                             check_size(reader.size)
+                        if sha256 and start == 0 and end is None and not has_validator(identity):
+                            hasher = hashlib.sha256()
                     else:
                         change = identity_difference(identity, reader.identity)
                         if change is not None:
@@ -99,14 +111,14 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                     if reader.size is not None:
                         stop = reader.size if stop is None else min(stop, reader.size)
                         if offset >= stop:
-                            return
+                            break
                 want = options.block_size
                 if stop is not None:
                     want = min(want, stop - offset)
                 chunk = reader.read(want)
                 if not chunk:
                     if stop is None:
-                        return
+                        break
                     raise ShortReadError(f"stream ended at byte {offset}, expected {stop} bytes")
                 if len(chunk) > want:
                     chunk = chunk[:want]
@@ -129,6 +141,8 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                         reader.close()
                     reader = None
                 wait = retry_delay(options, failures)
+                waited += time.monotonic() - began + wait
+                _check_deadline(url, start, stop, offset, waited, options, exc)
                 logger.warning("reading %s failed at byte %d (%s: %s); reopening, retry %d/%d "
                                "in %.2fs", url, offset, type(exc).__name__, exc, failures,
                                options.retries, wait)
@@ -136,10 +150,33 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                 continue
             failures = 0
             offset += len(chunk)
+            waited += time.monotonic() - began
+            _check_deadline(url, start, stop, offset, waited, options, None)
+            if hasher is not None:
+                hasher.update(chunk)
             yield chunk
+        if hasher is not None and hasher.hexdigest() != sha256:
+            raise ShardChangedError(
+                f"{url}: read whole, its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: the "
+                "object changed since it was indexed or while being read (the store sends no ETag or "
+                "Last-Modified that would tell)"
+            )
     finally:
         if reader is not None:
             reader.close()
+
+
+def _check_deadline(url: str, start: int, stop: int | None, offset: int, waited: float,
+                    options: IOOptions, exc: BaseException | None) -> None:
+    """Raise once a part has waited on the store longer than ``options.part_deadline``."""
+    if waited <= options.part_deadline:
+        return
+    end = "the end" if stop is None else f"byte {stop}"
+    cause = f"; last failure: {type(exc).__name__}: {exc}" if exc is not None else ""
+    raise RemoteReadError(
+        f"reading {url} from byte {start} to {end}: reached byte {offset} only, after {waited:.1f} s of "
+        f"waiting on the store, past the deadline of {options.part_deadline:g} s (IOOptions.part_deadline){cause}"
+    ) from exc
 
 
 def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTIONS) -> bytes:
@@ -177,7 +214,7 @@ def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTI
         try:
             return fs.cat_file(path, start=start, end=end)
         except OSError as exc:  # S3 and friends answer 416 for a start past the end
-            if "range" in str(exc).lower() and start >= fresh_info(fs, path)["size"]:
+            if "range" in str(exc).lower() and start >= fresh_info(fs, path, options.request_timeout)["size"]:
                 return b""
             raise
 

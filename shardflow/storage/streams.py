@@ -16,7 +16,8 @@ __all__ = ["open_chunks"]
 
 def open_chunks(url: str, start: int = 0, end: int | None = None,
                 options: IOOptions = DEFAULT_OPTIONS, *,
-                check_size: Callable[[int], None] | None = None) -> Iterator[bytes]:
+                check_size: Callable[[int], None] | None = None,
+                sha256: str | None = None) -> Iterator[bytes]:
     """The byte stream the tar reader consumes: cache, then retried reads, then read-ahead.
 
     With ``options.cache_dir`` set and a remote ``url``, the whole object is first
@@ -29,6 +30,9 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         check_size: called with the object's size in bytes when it is first
             opened (no extra request: the open reports it); raise from it to
             refuse the object, e.g. a shard that changed since it was indexed.
+        sha256: the manifest's digest of the object, checked at the end of a
+            whole read from a store that sends no validator (see
+            :func:`~shardflow.storage.reading.retried_chunks`).
 
     Returns:
         An iterator of ``bytes`` chunks as :func:`iter_chunks`; close it to release
@@ -39,9 +43,9 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     if is_local(url):
         # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
         # (measured: ~20% of raw iteration time spent waiting on its queue).
-        return retried_chunks(url, start, end, options, check_size=check_size)
+        return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size)
     else:
-        source = retried_chunks(url, start, end, options, check_size=check_size)
+        source = retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     return readahead(source, options.readahead)

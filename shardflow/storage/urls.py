@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from urllib.parse import urljoin
+from urllib.parse import unquote, urljoin
 
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
@@ -24,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 __all__ = [
     "LOCAL_PROTOCOLS",
     "SHARD_SUFFIXES",
+    "escapes_folder",
     "expand_braces",
     "has_glob",
     "is_local",
@@ -110,6 +111,34 @@ def parent_url(url: str) -> str:
         head = path.rsplit("/", 1)[0] if "/" in path else path
         return f"{proto}://{head}"
     return os.path.dirname(url) or "."
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def escapes_folder(rel: str) -> str | None:
+    """Why ``rel`` would not resolve inside the folder it is joined to, or None if it does.
+
+    A contained path is relative (no ``/`` or ``~`` start, no drive letter, no
+    ``scheme:`` such as ``file:``/``http:``/``s3:``, no ``::`` chain, no
+    backslash) and stays below the folder once ``..`` segments are resolved, as
+    written and percent-decoded (an HTTP server decodes ``%2e%2e``).
+    """
+    if not rel:
+        return "is empty"
+    if "::" in rel:
+        return "is an fsspec '::' chain"
+    if _SCHEME.match(rel) or "://" in rel:
+        return "is an absolute URL"
+    if "\\" in rel:
+        return "holds a backslash"
+    for text in (rel, unquote(rel)):
+        if text.startswith(("/", "~")):
+            return "is an absolute path"
+        norm = posixpath.normpath(text)
+        if norm == ".." or norm.startswith("../"):
+            return "leaves the manifest's folder"
+    return None
 
 
 def join_url(base: str, rel: str) -> str:

@@ -34,10 +34,10 @@ def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: 
     if is_memory(fs):
         return MemoryReader(fs, path, offset)
     if is_http(fs):
-        info = fresh_info(fs, path)
+        info = fresh_info(fs, path, options.request_timeout)
         size = info.get("size")
         stop = end if size is None else (size if end is None else min(end, size))
-        return HTTPReader(fs, url, offset, stop, info)
+        return HTTPReader(fs, url, offset, stop, info, options.request_timeout)
     if is_s3(fs):
-        return S3Reader(fs, path, url, offset, end, expect)
+        return S3Reader(fs, path, url, offset, end, expect, options.request_timeout)
     return FileReader(fs, path, offset, options.block_size)

@@ -12,13 +12,11 @@ import fsspec
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError, ShortReadError
-from ..filesystems import identity_difference, object_identity
+from ..filesystems import identity_difference, object_identity, sync_within
 from .stream import StreamReader, range_total
 
 logger = logging.getLogger(__name__)
 
-_HTTP_CONNECT_TIMEOUT = 30.0  # seconds
-_HTTP_READ_TIMEOUT = 120.0  # seconds without a byte from the server
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,10 +37,11 @@ class HTTPReader(StreamReader):
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, url: str, offset: int,
-                 stop: int | None, info: Mapping[str, Any]) -> None:
+                 stop: int | None, info: Mapping[str, Any], timeout: float) -> None:
         from fsspec.asyn import sync
 
         self._fs = fs
+        self._timeout = timeout
         self._resp = None
         self.identity = object_identity(info)
         self.size = info.get("size")
@@ -56,14 +55,13 @@ class HTTPReader(StreamReader):
             kwargs["auto_decompress"] = False
         if "timeout" not in kwargs and "timeout" not in (getattr(fs, "client_kwargs", None) or {}):
             # aiohttp's default (5 min in total) would cut streams read at training
-            # pace; bound the silence between packets instead
+            # pace; bound the silence between packets instead (IOOptions.request_timeout)
             import aiohttp
 
-            kwargs["timeout"] = aiohttp.ClientTimeout(
-                total=None, sock_connect=_HTTP_CONNECT_TIMEOUT, sock_read=_HTTP_READ_TIMEOUT
-            )
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         if stop is None or offset < stop:  # else nothing to read (a GET would be a 416)
-            self._resp = sync(fs.loop, self._get, url, offset, headers, kwargs)
+            # the headers too must come within the timeout (a server may stall before them)
+            self._resp = sync_within(fs.loop, self._get, url, offset, headers, kwargs, timeout=timeout, what="a GET")
             self._open = True
 
     async def _get(self, url: str, offset: int, headers: dict, kwargs: dict):

@@ -10,7 +10,7 @@ import fsspec
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError
-from ..filesystems import fresh_info, object_identity
+from ..filesystems import fresh_info, object_identity, sync_within
 from .stream import StreamReader, range_total
 
 
@@ -26,10 +26,11 @@ class S3Reader(StreamReader):
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, offset: int,
-                 stop: int | None, expect: Mapping[str, str] | None) -> None:
+                 stop: int | None, expect: Mapping[str, str] | None, timeout: float) -> None:
         from fsspec.asyn import sync
 
         self._fs = fs
+        self._timeout = timeout
         self._body = None
         self.size: int | None = None
         self.identity: dict[str, str] = {}
@@ -43,7 +44,7 @@ class S3Reader(StreamReader):
         if offset or stop is not None:
             kwargs["Range"] = f"bytes={offset}-{'' if stop is None else stop - 1}"
         try:
-            resp = sync(fs.loop, fs._call_s3, "get_object", **kwargs)
+            resp = sync_within(fs.loop, fs._call_s3, "get_object", timeout=timeout, what="a GetObject", **kwargs)
         except OSError as exc:
             code = _s3_error_code(exc)
             if code == "PreconditionFailed":
@@ -51,7 +52,7 @@ class S3Reader(StreamReader):
                     f"{url} changed while being read, at byte {offset} (its ETag is no longer {etag})"
                 ) from exc
             if code == "InvalidRange":  # offset at or past the end: nothing left to read
-                info = fresh_info(fs, path)
+                info = fresh_info(fs, path, timeout)
                 self.identity = object_identity(info)
                 self.size = info.get("size")
                 return

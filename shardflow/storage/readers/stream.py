@@ -3,6 +3,7 @@ loop, and the ``Content-Range`` parser both use."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any
@@ -38,6 +39,7 @@ class StreamReader:
     _fs: Any
     _open = False
     _error: Exception | None = None
+    _timeout: float = 30.0  # seconds a read may wait for its first byte (IOOptions.request_timeout)
 
     async def _part(self, n: int) -> bytes:
         raise NotImplementedError
@@ -46,11 +48,22 @@ class StreamReader:
         raise NotImplementedError
 
     async def _read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; within ``_timeout`` seconds, what came by then (none: TimeoutError)."""
         parts = []
         got = 0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self._timeout
         while got < n:
             try:
-                part = await self._part(n - got)
+                left = until - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                part = await asyncio.wait_for(self._part(n - got), left)
+            except asyncio.TimeoutError as exc:
+                if not parts:
+                    raise TimeoutError(f"no byte from the store within {self._timeout:g} s "
+                                       "(IOOptions.request_timeout)") from exc
+                break  # a slow store: return what came, the stream stays usable
             except Exception as exc:
                 if not parts:
                     raise
@@ -65,12 +78,16 @@ class StreamReader:
 
     def read(self, n: int) -> bytes:
         from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
 
         if self._error is not None:
             raise self._error
         if not self._open:
             return b""
-        return sync(self._fs.loop, self._read, n)
+        try:
+            return sync(self._fs.loop, self._read, n)
+        except FSTimeoutError as exc:  # fsspec renames any TimeoutError: keep the message
+            raise (exc.__cause__ if isinstance(exc.__cause__, TimeoutError) else exc) from None
 
     def close(self) -> None:
         from fsspec.asyn import sync
