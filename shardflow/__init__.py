@@ -10,6 +10,8 @@ Public surface (see DESIGN.md §3):
 - :func:`loader`: a :class:`ShardLoader`, a DataLoader with the right settings, with
   ``state_dict()`` for resumption; :func:`collate` is its default ``collate_fn``.
 - :mod:`shardflow.config`: a pipeline in one YAML file (``shardflow.config.loader_from_config``).
+- :func:`map_fields`: per-field transforms (a torchvision transform for the ``image`` field);
+  :mod:`shardflow.transforms` has it and a dependency-free ``Resize``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ __all__ = [
     "ShardLoader",
     "collate",
     "config",
+    "map_fields",
+    "transforms",
     "ShardflowError",
     "__version__",
 ]
@@ -46,15 +50,19 @@ _LAZY = {
     "loader": ("loading", "loader"),
     "ShardLoader": ("loading", "ShardLoader"),
     "collate": ("collation", "collate"),
+    "map_fields": ("transforms", "map_fields"),
 }
+
+# modules reachable as attributes after a plain ``import shardflow``, as after ``import shardflow.config``
+_MODULES = frozenset({"config", "transforms"})
 
 
 def __getattr__(name: str) -> Any:
     """Import public names on first use, so ``import shardflow`` stays light."""
-    if name == "config":  # the module, as after ``import shardflow.config``
+    if name in _MODULES:
         import importlib
 
-        return importlib.import_module(".config", __name__)
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
 

@@ -9,6 +9,13 @@ anything else become lists. Tuples and lists of equal length are collated
 position by position. A list of graphs (samples that a ``transform`` turned into
 graphs) becomes one ``Batch``.
 
+Decoded images of different sizes under one image field (``jpg``, ``png``, the
+alias ``image``, ...) are an error that names two samples and their shapes and
+says how to resize (a per-field transform such as
+``transform={"image": v2.Resize((224, 224))}``), since a list in place of the
+``uint8 (B, 3, H, W)`` tensor would break the model much later. Other arrays of
+different shapes (token sequences, say) become lists.
+
 For a loader with PyG's options, pass a :class:`Collate` (picklable, so it reaches
 DataLoader workers under any start method)::
 
@@ -25,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .codecs import is_image_field
 from .errors import SampleError
 
 __all__ = ["Collate", "collate"]
@@ -111,18 +119,21 @@ class Collate:
                     f"cannot collate sample {key!r} with {first.get('__key__', '?')!r}: "
                     f"fields missing {missing}, extra {extra}; select fields with `fields=` so samples agree"
                 )
-        return {k: self._values(f"field {k!r}", samples, [v[k] for v in values]) for k in keys}
+        return {k: self._values(f"field {k!r}", samples, [v[k] for v in values], field=k) for k in keys}
 
-    def _values(self, what: str, samples: list[Any], values: list[Any]) -> Any:
-        """Collate ``values``, one per sample of ``samples`` (named in errors as ``what``)."""
+    def _values(self, what: str, samples: list[Any], values: list[Any], field: str | None = None) -> Any:
+        """Collate ``values``, one per sample of ``samples`` (named in errors as ``what``;
+        ``field``: the field they come from, if any)."""
         first = values[0]
         if isinstance(first, torch.Tensor):
             if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
                 return torch.stack(values)
+            _refuse_image_sizes(field, samples, values)
             return values
         if isinstance(first, np.ndarray) and first.dtype != object:
             if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
                 return torch.from_numpy(np.stack(values))
+            _refuse_image_sizes(field, samples, values)
             return values
         if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in values):
             return torch.tensor(values, dtype=torch.bool)
@@ -149,6 +160,28 @@ class Collate:
         except SampleError as e:
             where = describe_mismatch(samples, graphs, frozenset(self.exclude_keys))
             raise SampleError(f"cannot batch the graphs of {what}: {where}: {e}", reason=e.reason) from e
+
+
+def _refuse_image_sizes(field: str | None, samples: list[Any], values: list[Any]) -> None:
+    """Raise if ``values`` are images of an image field that differ in shape."""
+    if field is None or not is_image_field(field):
+        return
+    first = values[0]
+    i = next((i for i, v in enumerate(values) if getattr(v, "shape", None) != first.shape), None)
+    if i is None:  # one shape, different dtypes
+        return
+
+    def key(j: int) -> Any:
+        s = samples[j]
+        return s.get("__key__", f"#{j}") if isinstance(s, Mapping) else f"#{j}"
+
+    raise SampleError(
+        f"cannot batch field {field!r}: image {key(0)!r} has shape {tuple(first.shape)}, "
+        f"image {key(i)!r} has shape {tuple(getattr(values[i], 'shape', ()))}; the images of a "
+        f"batch must have one size. Resize them in a per-field transform, e.g. "
+        f"transform={{{field!r}: torchvision.transforms.v2.Resize((224, 224))}} (or "
+        f"v2.RandomResizedCrop(224) for training), or pass collate_fn=list to batch them as a list"
+    )
 
 
 def _is_graph(obj: Any) -> bool:

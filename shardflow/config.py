@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .codecs import IMAGE_FIELD
 from .errors import ShardflowError
 
 __all__ = ["PipelineConfig", "ConfigError", "load_config", "dataset_from_config", "loader_from_config"]
@@ -70,6 +71,9 @@ class PipelineConfig:
         cache_dir: local folder caching remote shards, or None.
         storage_options: fsspec options (credentials, ``client_kwargs.endpoint_url``, ...).
         samples_per_epoch: samples per rank per epoch when training by steps, or None.
+        resize: ``[height, width]`` (or one int) in pixels: every decoded image is
+            resized to it (:class:`shardflow.transforms.Resize`, before any
+            ``transform=``), so that images of different sizes batch; None keeps sizes.
 
     Raises:
         ConfigError: a value has the wrong type or is out of range (the
@@ -89,6 +93,7 @@ class PipelineConfig:
     cache_dir: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     samples_per_epoch: int | None = None
+    resize: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         def bad(key: str, expected: str) -> ConfigError:
@@ -142,6 +147,15 @@ class PipelineConfig:
         object.__setattr__(self, "storage_options", dict(self.storage_options))
         if self.samples_per_epoch is not None and (not is_int(self.samples_per_epoch) or self.samples_per_epoch < 1):
             raise bad("samples_per_epoch", "an int >= 1 or null")
+        if self.resize is not None:
+            size = [self.resize, self.resize] if is_int(self.resize) else self.resize
+            if isinstance(size, str) or not isinstance(size, Sequence) or len(size) != 2 or not all(
+                is_int(d) and d > 0 for d in size
+            ):
+                raise bad("resize", "[height, width] in pixels, one int, or null")
+            if decode is None:
+                raise ConfigError("config key 'resize': images must be decoded to be resized (decode is none)")
+            object.__setattr__(self, "resize", (size[0], size[1]))
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -173,7 +187,7 @@ class PipelineConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain, YAML/JSON-ready values (lists, not tuples); ``from_dict`` gives it back."""
         out = dataclasses.asdict(self)
-        for k in ("source", "fields"):
+        for k in ("source", "fields", "resize"):
             if isinstance(out[k], tuple):
                 out[k] = list(out[k])
         return out
@@ -279,6 +293,14 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
     if io is None:
         io = IOOptions(storage_options=cfg.storage_options, cache_dir=cfg.cache_dir)
     source: Any = list(cfg.source) if isinstance(cfg.source, tuple) else cfg.source
+    if cfg.resize is not None:
+        from .transforms import Chain, Resize, map_fields
+
+        resize = map_fields({IMAGE_FIELD: Resize(cfg.resize)})
+        user = extra.get("transform")
+        if isinstance(user, Mapping):
+            user = map_fields(user)
+        extra["transform"] = resize if user is None else Chain(resize, user)
     return ShardDataset(
         source,
         shuffle=cfg.shuffle,

@@ -18,12 +18,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from . import stages, storage
-from .codecs import DecodeOptions, preload
+from .codecs import DecodeOptions, field_alternatives, preload
 from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, StateError
 from .expand import Expand
 from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, shuffle_buffer, split_unsized, worker_batches
 from .source import Source, resolve_source
 from .state import STATE_VERSION, ResumePoint, build_state, check_state, decode_runs, encode_runs
+from .transforms import map_fields
 from .world import World, stable_seed
 
 __all__ = ["ShardDataset", "Batching", "WorkerItem", "STATE_VERSION"]
@@ -91,9 +92,12 @@ class ShardDataset(IterableDataset):
             decode to ``torch_geometric.data.Data``/``HeteroData``.
         fields: field names to keep (``__key__``/``__url__`` are always kept);
             a sample lacking one is an error under ``on_error``. ``"jpg;png"``
-            takes the first present. None keeps all.
+            takes the first present; ``"image"`` stands for whichever image field
+            a sample has (``jpg``, ``png``, ``webp``, ...). None keeps all.
         transform: ``transform(sample) -> Any`` applied after decoding; a
-            returned None drops the sample (counted as ``filtered``).
+            returned None drops the sample (counted as ``filtered``). A mapping
+            ``{field: fn}`` applies ``fn`` to that field's value only (a
+            torchvision transform, see :func:`shardflow.map_fields`).
         on_error: ``"raise"`` (default), ``"skip"`` or ``"warn"``; see
             :class:`~shardflow.stages.ErrorPolicy`.
         partial: ``"pad"`` (default, as ``DistributedSampler``) or ``"drop"``:
@@ -126,7 +130,7 @@ class ShardDataset(IterableDataset):
         seed: int = 0,
         decode: str | DecodeOptions | None = "numpy",
         fields: Sequence[str] | None = None,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | Mapping[str, Callable[[Any], Any]] | None = None,
         on_error: str = "raise",
         partial: str = "pad",
         samples_per_epoch: int | None = None,
@@ -166,7 +170,7 @@ class ShardDataset(IterableDataset):
         self.fields = tuple(fields) if fields is not None else None
         if isinstance(fields, str):
             raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")
-        self.transform = transform
+        self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         if expand is not None and not isinstance(expand, Expand):
             raise TypeError(f"expand must be a shardflow.expand.Expand, got {type(expand).__name__}")
         self.expand = expand
@@ -227,7 +231,7 @@ class ShardDataset(IterableDataset):
         if self.fields is None or m is None or not m.fields:
             return
         for f in self.fields:
-            if not any(alt in m.fields for alt in f.split(";")):
+            if not any(alt in m.fields for alt in field_alternatives(f)):
                 raise MissingFieldError(
                     f"no shard of {m.url} has the field {f!r}; the fields that exist are {sorted(m.fields)}"
                 )

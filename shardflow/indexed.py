@@ -38,6 +38,7 @@ from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShard
 from .format.tar import iter_samples
 from .source import Source, resolve_source
 from .storage.urls import SHARD_SUFFIXES
+from .transforms import map_fields
 
 __all__ = ["IndexedShardDataset"]
 
@@ -93,7 +94,9 @@ class IndexedShardDataset(Dataset):
             ``"torch"`` (uint8 tensors, shape (3, H, W)), ``"pil"``, None (every
             field stays bytes), or a :class:`~shardflow.codecs.DecodeOptions`.
         transform: ``transform(sample) -> Any`` applied to each decoded sample;
-            must be picklable for DataLoader workers started with spawn.
+            must be picklable for DataLoader workers started with spawn. A
+            mapping ``{field: fn}`` transforms single fields (see
+            :func:`shardflow.map_fields`).
         storage_options: passed to fsspec (credentials, endpoint, ...).
         max_open: shards whose offset index (and local file descriptor) stay
             cached, least recently used evicted.
@@ -127,7 +130,7 @@ class IndexedShardDataset(Dataset):
         else:
             self.decode = DecodeOptions(image=decode)
         self.io = io
-        self.transform = transform
+        self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         self.max_open = max_open
         self.source: Source = resolve_source(source, io)
         manifest = self.source.manifest

@@ -28,9 +28,9 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from . import storage
-from .codecs import DecodeOptions, decode_field
+from .codecs import IMAGE_FIELD, DecodeOptions, decode_field, field_alternatives, is_image_field
 from .errors import MissingFieldError, missing_dependency
-from .format.keys import IMAGE_EXTENSIONS, codec_extension
+from .format.keys import codec_extension
 from .inspect import class_names, head
 from .source import resolve_source
 
@@ -56,13 +56,15 @@ def _pick_field(samples: Sequence[dict[str, Any]], field: str | None) -> str:
     for s in samples:
         names.extend(k for k in s if not k.startswith("__") and k not in names)
     if field is not None:
-        if not any(field in s for s in samples):
+        if not any(alt in s for s in samples for alt in field_alternatives(field)):
             raise MissingFieldError(f"no sample shown has the field {field!r}; the fields are {sorted(names)}")
         return field
-    for kinds in (IMAGE_EXTENSIONS, ("pyg",)):
-        for name in names:
-            if codec_extension(name) in kinds:
-                return name
+    images = [name for name in names if is_image_field(name)]
+    if images:  # one image field, or the alias for a folder of .jpg and .png files
+        return images[0] if len(images) == 1 else IMAGE_FIELD
+    for name in names:
+        if codec_extension(name) == "pyg":
+            return name
     raise MissingFieldError(
         f"no image or graph field to show; the fields are {sorted(names)} (choose one with field=)"
     )
@@ -102,10 +104,8 @@ def _image_grid(samples: list[dict[str, Any]], field: str, label: str | None, na
     for i, s in enumerate(samples):
         x, y = (i % cols) * tile, (i // cols) * cell_h
         inner = tile - 4
-        name = field
-        if name not in s and codec_extension(field) in IMAGE_EXTENSIONS:
-            # a folder of .jpg and .png images: any image field of the sample stands in
-            name = next((k for k in s if not k.startswith("__") and codec_extension(k) in IMAGE_EXTENSIONS), field)
+        # "image" (or "jpg;png") stands for whichever image field the sample has
+        name = next((alt for alt in field_alternatives(field) if alt in s), field)
         try:
             img = decode_field(name, s[name], options) if name in s else None
         except Exception as e:  # show what is wrong instead of failing the whole sheet
@@ -211,8 +211,10 @@ def render_grid(
         source: anything :class:`~shardflow.ShardDataset` accepts.
         n: samples to show (fewer if the dataset is smaller).
         cols: tiles per row.
-        field: the image or ``pyg`` field to draw; default the first image
-            field, else the first graph field.
+        field: the image or ``pyg`` field to draw; ``"image"`` stands for
+            whichever image field each sample has. Default: the image field, or
+            ``"image"`` when samples have several (a folder of JPEGs and PNGs),
+            else the first graph field.
         label: field shown as the label (its class name added from
             ``meta["class_to_idx"]``); None for none.
         tile: tile size in pixels (square).

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from .codecs import DecodeOptions, decode_field
+from .codecs import DecodeOptions, decode_field, field_alternatives
 from .errors import (
     DecodeError,
     ManifestError,
@@ -46,7 +46,8 @@ class ErrorPolicy:
     Args:
         mode: ``"raise"`` raises the error (it names shard, key and reason);
             ``"skip"`` drops the whole sample and counts it; ``"warn"`` does
-            the same and logs a warning.
+            the same and logs a warning for the first :attr:`WARN_EACH` of a
+            pass, then one total per pass (samples dropped, by reason).
         max_consecutive: under skip/warn, raise after this many bad samples in
             a row with no good one (a pass that can yield nothing fails fast).
 
@@ -58,6 +59,10 @@ class ErrorPolicy:
             shards, ``lost_samples`` counts the samples they took with them.
     """
 
+    WARN_EACH = 10
+    """Under ``"warn"``, the bad samples of a pass logged one by one; the rest are counted
+    and reported in the total that :meth:`check_end` logs."""
+
     def __init__(self, mode: str = "raise", max_consecutive: int = 1000) -> None:
         if mode not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {mode!r}")
@@ -66,6 +71,7 @@ class ErrorPolicy:
         self.stats: Counter[str] = Counter()
         self.bad_shards: dict[str, set[str]] = {}
         self._run = 0
+        self._warned = 0
         self._last: ShardflowError | None = None
 
     def handle(self, err: ShardflowError, *, samples: int = 1, shard: str | None = None) -> None:
@@ -85,7 +91,12 @@ class ErrorPolicy:
         self._run += samples
         self._last = err
         if self.mode == "warn":
-            log.warning("skipped %d sample(s): %s", samples, err)
+            self._warned += 1
+            if self._warned <= self.WARN_EACH:
+                log.warning("skipped %d sample(s): %s", samples, err)
+            if self._warned == self.WARN_EACH:
+                log.warning("on_error='warn': further bad samples are counted, not logged; "
+                            "the total follows at the end of the pass")
         if self._run >= self.max_consecutive:
             raise ShardflowError(
                 f"{self._run} bad samples in a row and none good (on_error={self.mode!r}); last error: {err}"
@@ -104,7 +115,13 @@ class ErrorPolicy:
         self._run = 0
 
     def check_end(self) -> None:
-        """At the end of a pass: fail if everything was dropped."""
+        """At the end of a pass: fail if everything was dropped; under ``"warn"``, log
+        the total dropped (by reason) when there was any."""
+        if self.mode == "warn" and self.stats["skipped"]:
+            reasons = {k: v for k, v in self.stats.items() if k not in ("samples", "skipped") and v}
+            log.warning("on_error='warn': skipped %d of %d samples in this pass (%s)",
+                        self.stats["skipped"], self.stats["skipped"] + self.stats["samples"],
+                        ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
         if self.stats["samples"] == 0 and self.stats["skipped"] > 0 and self._last is not None:
             raise ShardflowError(
                 f"the pass yielded no sample: all {self.stats['skipped']} were dropped "
@@ -646,7 +663,7 @@ def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], li
 
 
 def _wanted(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
-    return [(f.split(";")[0], f.split(";")) for f in fields]
+    return [(f.split(";")[0], field_alternatives(f)) for f in fields]
 
 
 def select_one(s: Sample, wanted: list[tuple[str, list[str]]], policy: ErrorPolicy) -> Sample | None:
@@ -670,7 +687,8 @@ def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], polic
     """Keep ``__key__``, ``__url__`` and the requested fields; a missing one is an error.
 
     A requested name may list alternatives separated by ``;`` (``"jpg;png"``):
-    the first present is kept under the first name.
+    the first present is kept under the first name. ``"image"`` stands for
+    whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
     """
     wanted = _wanted(fields)
     for s in samples:

@@ -48,7 +48,7 @@ def test_one_epoch_in_process(images: Path, capsys: pytest.CaptureFixture[str]) 
     assert out["samples"] == N
     assert out["batches"] == 5  # 5, 5, 5, 5, 4
     assert out["epoch_complete"] is True
-    assert out["samples_per_s"] > 0 and out["mb_per_s"] > 0
+    assert out["samples_per_s"] > 0 and out["mib_per_s"] > 0
     assert out["first_batch_s"] > 0
     assert out["bytes"] == tar_bytes(images) and out["bytes_from"] == "manifest shard sizes"
     assert out["config"]["decode"] == "torch" and out["config"]["batch_size"] == 5
@@ -61,7 +61,7 @@ def test_text_summary_with_workers_and_shuffle(images: Path, capsys: pytest.Capt
     assert f"samples      {N} in 3 batches" in out
     rate = float(out.split("throughput")[1].split("samples/s")[0].replace(",", ""))
     assert rate > 0
-    assert "MB/s" in out and "first batch" in out
+    assert "MiB/s" in out and "first batch" in out
 
 
 def test_plot_writes_png(images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

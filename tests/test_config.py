@@ -41,11 +41,12 @@ def plain(sample: dict) -> dict:
 def test_shipped_images_and_graphs_configs() -> None:
     images = load_config(CONFIGS / "images.yaml")
     assert images.source == "data/images/shardflow.json"
-    assert images.shuffle == 1000 and images.decode == "torch" and images.fields == ("jpg", "cls")
+    assert images.shuffle == 1000 and images.decode == "torch" and images.fields == ("image", "cls")
+    assert images.resize == (224, 224)
     assert images.batch_size == 64 and images.num_workers == 4 and images.on_error == "raise"
     assert set(yaml.safe_load((CONFIGS / "images.yaml").read_text())) == set(PipelineConfig.keys())  # documents every key
     graphs = load_config(CONFIGS / "graphs.yaml")
-    assert graphs.fields == ("pyg",) and graphs.batch_size == 128 and graphs.shuffle == 5000
+    assert graphs.fields == ("graph.pyg",) and graphs.batch_size == 128 and graphs.shuffle == 5000
 
 
 def test_shipped_bucket_config_takes_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,3 +202,14 @@ def test_config_and_loader_class_are_reachable_after_import_shardflow(images: Pa
         "assert shardflow.collate is shardflow.collation.collate\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_transforms_are_reachable_after_a_plain_import_shardflow() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, shardflow; assert 'shardflow.config' not in sys.modules; "
+            "print(shardflow.config.loader_from_config.__name__, shardflow.transforms.Resize.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["loader_from_config", "Resize"]

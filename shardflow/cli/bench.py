@@ -1,6 +1,6 @@
 """``shardflow bench URL``: stream a dataset through ``shardflow.loader`` and measure it.
 
-Reports samples/s, MB/s of shard bytes (from the manifest's shard sizes, or the
+Reports samples/s, MiB/s (2**20 bytes/s, as every CLI size) of shard bytes (from the manifest's shard sizes, or the
 shard files' sizes after a full pass without one), time to the first batch
 (worker start-up, first shard open, first decode) and the rate after it. With
 ``--plot`` it saves throughput over time as a PNG. ``--config`` takes a
@@ -18,18 +18,20 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..codecs import IMAGE_FIELD, is_image_field
 from ..config import PipelineConfig, load_config, loader_from_config
 from ..errors import missing_dependency
 from .progress import progress_bar
+from .text import counted
 from .units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "bench",
-        help="measure streaming throughput: samples/s, MB/s, time to first batch",
+        help="measure streaming throughput: samples/s, MiB/s, time to first batch",
         description="Stream a dataset through shardflow.loader (one epoch, or --seconds) and print "
-        "samples/s, MB/s of shard bytes and time to first batch. Flags override --config keys; "
+        "samples/s, MiB/s of shard bytes and time to first batch. Flags override --config keys; "
         "without a config, defaults are those of shardflow.config.PipelineConfig with "
         "min(4, CPUs) workers.",
     )
@@ -41,11 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle", type=int, metavar="BUF", help="shuffle buffer in samples (0: stored order)")
     parser.add_argument("--seed", type=int, help="shuffle seed")
     parser.add_argument("--fields", help="comma-separated fields to keep (e.g. jpg,cls)")
+    parser.add_argument("--resize", metavar="H[,W]",
+                        help="resize every decoded image to H x W pixels (images of different sizes batch)")
     parser.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: one full epoch)")
     parser.add_argument("--plot", metavar="OUT.png", help="save throughput over time as a PNG")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option (repeatable)")
+                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
+                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
     parser.set_defaults(func=run)
 
 
@@ -75,6 +80,12 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         changes["seed"] = args.seed
     if args.fields:
         changes["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
+    if args.resize:
+        try:
+            dims = [int(d) for d in args.resize.replace("x", ",").split(",")]
+        except ValueError:
+            raise ValueError(f"--resize takes H or H,W in pixels, got {args.resize!r}") from None
+        changes["resize"] = dims[0] if len(dims) == 1 else dims
     if args.storage_option:
         changes["storage_options"] = {**cfg.storage_options, **storage_options(args.storage_option)}
     return cfg.replace(**changes) if changes else cfg
@@ -100,7 +111,8 @@ def measure(batches: Iterable[Any], *, seconds: float | None = None, progress: A
     """Iterate ``batches`` (until exhausted or ``seconds`` passed) and time it.
 
     Returns:
-        ``samples``, ``batches``, ``seconds`` (wall time from ``iter()``),
+        ``samples``, ``batches``, ``seconds`` (wall time from ``iter()`` to the
+        end of the pass, without the workers' shut-down),
         ``first_batch_s``, ``stopped_early`` and ``timeline``: a list of
         ``(seconds, cumulative samples)`` after each batch.
     """
@@ -120,11 +132,12 @@ def measure(batches: Iterable[Any], *, seconds: float | None = None, progress: A
             if seconds is not None and now >= seconds:
                 stopped = True
                 break
+        # the end of the pass (worker shut-down after it is not part of the rate)
+        elapsed = time.perf_counter() - t0
     finally:
         close = getattr(it, "close", None)
         if close is not None:
             close()
-    elapsed = time.perf_counter() - t0
     return {
         "samples": n,
         "batches": len(timeline),
@@ -147,10 +160,28 @@ def _shard_bytes(ds: Any, samples: int, complete: bool) -> tuple[int | None, str
     return None, None
 
 
+def batchable_fields(manifest_fields: Iterable[str]) -> list[str] | None:
+    """The fields to keep when none were asked for: all, with several image fields
+    (a folder of JPEGs and PNGs) read as the one alias ``image``; None when the
+    samples need no selection to batch (at most one image field)."""
+    names = sorted(manifest_fields)
+    images = [f for f in names if is_image_field(f)]
+    if len(images) < 2:
+        return None
+    return [IMAGE_FIELD] + [f for f in names if f not in images]
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     loader = loader_from_config(cfg)
     ds = loader.dataset
+    manifest = getattr(ds, "manifest", None)
+    if cfg.fields is None and manifest is not None:
+        fields = batchable_fields(manifest.fields)
+        if fields is not None:
+            cfg = cfg.replace(fields=fields)
+            loader = loader_from_config(cfg)
+            ds = loader.dataset
     try:
         total: int | None = len(ds)
     except TypeError:
@@ -173,14 +204,16 @@ def run(args: argparse.Namespace) -> int:
         "steady_samples_per_s": None,
         "bytes": nbytes,
         "bytes_from": bytes_from,
-        "mb_per_s": round(nbytes / secs / 1e6, 3) if nbytes is not None and secs > 0 else None,
+        "mib_per_s": round(nbytes / secs / 2**20, 3) if nbytes is not None and secs > 0 else None,
+        "skipped": int(ds.stats.get("skipped", 0)),
+        "skipped_by_reason": _reasons(ds.stats),
         "config": cfg.to_dict(),
     }
     timeline = result["timeline"]
     if len(timeline) > 1 and secs > timeline[0][0]:
         out["steady_samples_per_s"] = round((timeline[-1][1] - timeline[0][1]) / (timeline[-1][0] - timeline[0][0]), 2)
     if args.plot:
-        plot_throughput(timeline, args.plot, title=_title(cfg))
+        plot_throughput(timeline, args.plot, title=_title(cfg), mean=out["samples_per_s"])
         out["plot"] = args.plot
     if args.json:
         print(json.dumps(out, indent=1, ensure_ascii=False))
@@ -189,36 +222,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reasons(stats: Any) -> dict[str, int]:
+    """The per-reason counters of dropped samples (everything but the totals)."""
+    totals = ("samples", "skipped", "filtered", "lost_samples", "repeated_batches", "bad_shards")
+    return {k: int(v) for k, v in sorted(stats.items()) if k not in totals and isinstance(v, int) and v}
+
+
 def _title(cfg: PipelineConfig) -> str:
     src = cfg.source if isinstance(cfg.source, str) else f"{len(cfg.source)} URLs"
-    return f"{src} · decode {cfg.decode or 'none'} · batch {cfg.batch_size} · {cfg.num_workers} workers · shuffle {cfg.shuffle}"
+    fields = f" · fields {','.join(cfg.fields)}" if cfg.fields is not None else ""
+    return (f"{src} · decode {cfg.decode or 'none'}{fields} · batch {cfg.batch_size} · "
+            f"{cfg.num_workers} workers · shuffle {cfg.shuffle}")
 
 
 def format_result(out: dict[str, Any], cfg: PipelineConfig) -> str:
     """The human-readable form of a bench result."""
     lines = [f"bench        {_title(cfg)}"]
     span = "one epoch" if out["epoch_complete"] else "stopped by --seconds"
-    lines.append(f"samples      {out['samples']:,} in {out['batches']:,} batches, {out['seconds']:.2f} s ({span})")
+    lines.append(f"samples      {out['samples']:,} in {counted(out['batches'], 'batch', 'batches')}, {out['seconds']:.2f} s ({span})")
     if out["first_batch_s"] is not None:
         lines.append(f"first batch  {out['first_batch_s']:.3f} s")
     if out["samples_per_s"] is not None:
         lines.append(f"throughput   {out['samples_per_s']:,.1f} samples/s")
     if out["steady_samples_per_s"] is not None:
         lines.append(f"after first  {out['steady_samples_per_s']:,.1f} samples/s")
-    if out["mb_per_s"] is not None:
-        lines.append(f"read         {out['mb_per_s']:,.2f} MB/s ({human_bytes(out['bytes'])}, from {out['bytes_from']})")
+    if out["mib_per_s"] is not None:
+        lines.append(f"read         {out['mib_per_s']:,.2f} MiB/s ({human_bytes(out['bytes'])}, from {out['bytes_from']})")
     else:
-        lines.append("read         ? MB/s (no manifest and the pass was cut short; see `shardflow index`)")
+        lines.append("read         ? MiB/s (no manifest and the pass was cut short; see `shardflow index`)")
+    if out.get("skipped"):
+        reasons = ", ".join(f"{k} {v:,}" for k, v in out["skipped_by_reason"].items())
+        lines.append(f"skipped      {counted(out['skipped'], 'sample')} (on_error={cfg.on_error}: {reasons or 'see the log'})")
     if out.get("plot"):
         lines.append(f"plot         {out['plot']}")
     return "\n".join(lines)
 
 
-def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str = "") -> None:
+def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str = "",
+                    mean: float | None = None) -> None:
     """Save samples/s over time as a PNG at ``path``.
 
     Windows are 1/40 of the run, widened to three typical batch intervals so
-    that each holds several batches.
+    that each holds several batches. ``mean`` (samples/s) is drawn as the dashed
+    line; pass the rate that is printed beside the plot (default: samples over the
+    time of the last batch).
     """
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend, PNG through Agg
@@ -244,7 +291,8 @@ def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str 
             prev = count
         ax.stairs(rates, edges, fill=True, alpha=0.35, color="#4477aa", label=f"samples/s (windows of {width:.2f} s)")
         ax.stairs(rates, edges, color="#4477aa")
-        mean = timeline[-1][1] / end if end > 0 else 0.0
+        if mean is None:
+            mean = timeline[-1][1] / end if end > 0 else 0.0
         ax.axhline(mean, color="#ee6677", linestyle="--", linewidth=1, label=f"mean {mean:,.0f} samples/s")
         ax.axvline(timeline[0][0], color="#228833", linestyle=":", linewidth=1, label=f"first batch {timeline[0][0]:.2f} s")
         ax.legend(loc="upper left", fontsize=8)

@@ -19,12 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--n", type=int, default=16, help="samples to draw (default 16)")
     parser.add_argument("--cols", type=int, default=4, help="tiles per row (default 4)")
-    parser.add_argument("--field", default=None, help="image or pyg field (default: the first image field, else graph field)")
+    parser.add_argument("--field", default=None, help="image or pyg field; 'image' stands for whichever image field a sample has "
+                        "(default: the image field(s), else the graph field)")
     parser.add_argument("--label", default="cls", help="field shown as label (default cls; '' for none)")
     parser.add_argument("--tile", type=int, default=160, help="tile size in pixels (default 160)")
     parser.add_argument("--first", action="store_true", help="draw the first N samples instead of N spread over the dataset")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option (repeatable)")
+                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
+                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
     parser.set_defaults(func=run)
 
 

@@ -8,6 +8,11 @@ is unpickled unless :attr:`DecodeOptions.allow_pickle` is set.
 
 Known extensions: see :func:`known_extensions`. Add your own with
 :func:`register_codec`.
+
+The image-field alias :data:`IMAGE_FIELD` (``"image"``) stands for whichever image
+field a sample has (``jpg``, ``jpeg``, ``png``, ``webp``, ...), so that a folder mixing
+JPEG and PNG files reads as one field; :func:`field_alternatives` expands it, and a
+field named ``image`` decodes as an image.
 """
 
 from __future__ import annotations
@@ -35,9 +40,46 @@ __all__ = [
     "decode_field",
     "preload",
     "IMAGE_FORMS",
+    "IMAGE_FIELD",
+    "field_alternatives",
+    "is_image_field",
 ]
 
 IMAGE_FORMS = ("pil", "numpy", "torch")
+
+IMAGE_FIELD = "image"
+"""The image-field alias: requested as a field (``fields=("image", "cls")``, a
+``transform={"image": ...}``, the CLI's ``--field image``), it stands for whichever image
+field a sample has, and the sample carries that field under the name ``image``."""
+
+
+def field_alternatives(name: str) -> list[str]:
+    """The stored field names a requested name stands for, in order of preference.
+
+    A name may list alternatives separated by ``;`` (``"jpg;png"``: the first present
+    wins); :data:`IMAGE_FIELD` among them expands to itself followed by every image
+    extension (see :data:`shardflow.format.keys.IMAGE_EXTENSIONS`).
+
+    Args:
+        name: a requested field, e.g. ``"cls"``, ``"jpg;png"`` or ``"image"``.
+
+    Returns:
+        The field names to look for, without repeats: ``"image"`` gives
+        ``["image", "jpg", "jpeg", "png", "webp", ...]``.
+    """
+    out: list[str] = []
+    for alt in name.split(";"):
+        for candidate in (alt, *IMAGE_EXTENSIONS) if alt == IMAGE_FIELD else (alt,):
+            if candidate not in out:
+                out.append(candidate)
+    return out
+
+
+def is_image_field(name: str) -> bool:
+    """Whether a field name holds an image: its codec extension is an image format,
+    or it is the alias :data:`IMAGE_FIELD`."""
+    ext = codec_extension(name)
+    return ext == IMAGE_FIELD or ext in IMAGE_EXTENSIONS
 
 
 @dataclass(frozen=True)
@@ -301,6 +343,7 @@ register_codec("json", _enc_json, lambda d, o: json.loads(d))
 register_codec("npy", _enc_npy, _dec_npy)
 for _ext in IMAGE_EXTENSIONS:
     register_codec(_ext, _enc_image, _dec_image)
+register_codec(IMAGE_FIELD, None, _dec_image)  # the alias: bytes of any image format
 register_codec("pyg", _enc_graph, _dec_graph)
 for _ext in ("pth", "pt", "pickle", "pkl"):
     register_codec(_ext, None, _dec_pickle)

@@ -219,6 +219,7 @@ class _Walk:
         self.extensions = extensions
         self.client = client
         self.class_counts = [0] * len(classes)
+        self.image_fields: dict[str, int] = {}  # field (the file extension) -> images stored in it
         self.counts = {"ignored_files": 0, "skipped_dirs": 0}
 
     def descriptors(self) -> Iterator[Descriptor]:
@@ -226,6 +227,7 @@ class _Walk:
         for idx, found in enumerate(self._classes()):
             for d in found:
                 self.class_counts[idx] += 1
+                self.image_fields[d[1]] = self.image_fields.get(d[1], 0) + 1
                 yield d
 
     def _classes(self) -> Iterator[Iterator[Descriptor]]:
@@ -257,7 +259,8 @@ class _Walk:
 
     def summary(self) -> dict[str, Any]:
         """Counts for the manifest's ``meta`` (call after the walk)."""
-        return {"class_counts": dict(zip(self.classes, self.class_counts)), **self.counts}
+        return {"class_counts": dict(zip(self.classes, self.class_counts)),
+                "image_fields": dict(sorted(self.image_fields.items())), **self.counts}
 
 
 def _has_image(tree: Tree, cls: str, extensions: frozenset[str]) -> bool:
@@ -387,7 +390,9 @@ def convert_imagefolder(
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
         path or URL of ``src``), ``extensions``, ``class_counts`` (images per
-        class), ``ignored_files`` (files in ``src`` or in class folders that are
+        class), ``image_fields`` (images per image field, e.g. ``{"jpg": 1200,
+        "png": 800}``: a sample has one of them, which ``fields=("image", ...)``
+        reads as one), ``ignored_files`` (files in ``src`` or in class folders that are
         not samples: hidden, not images, not regular) and ``skipped_dirs``
         (hidden directories, symlink loops).
 
