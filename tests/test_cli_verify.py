@@ -74,7 +74,7 @@ def test_flipped_bytes_in_one_sample(data: Path, capsys: pytest.CaptureFixture[s
     assert f"FAIL {path} key 's0005': decode: field 'jpg'" in out
     assert f"FAIL {path}: sha256: sha256 is " in out
     assert "the manifest lists" in out
-    assert out.strip().splitlines()[-1].startswith("verify: 2 problem(s) in 1 of 3 shards")
+    assert out.strip().splitlines()[-1].startswith("verify: 2 problems in 1 of 3 shards")
     # structure-only checks still catch the checksum, not the image
     rc, out = run(capsys, str(data), "--no-decode", "--workers", "1")
     assert rc == 1 and "sha256" in out and "decode" not in out.replace("fields not decoded", "")

@@ -164,7 +164,7 @@ def test_c14_cli(junk_tree: Path, tmp_path: Path) -> None:
         text=True,
     )
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("4 samples, 4 classes, 1 shards in ")
+    assert ok.stdout.startswith("4 samples, 4 classes, 1 shard in ")
     assert "files/s" in ok.stdout
     assert tars(dst) == ["pets-000000.tar"]
 

@@ -22,8 +22,7 @@ from ..codecs import IMAGE_FIELD, is_image_field
 from ..config import PipelineConfig, load_config, loader_from_config
 from ..errors import missing_dependency
 from .progress import progress_bar
-from .text import counted
-from .units import human_bytes
+from .units import counted, human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,6 +11,7 @@ from ..indexing import index_shards
 from ..storage import expand_urls
 from ..storage.urls import SHARD_SUFFIXES
 from .progress import progress_bar
+from .units import counted, human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         m = index_shards(urls, out=args.out, workers=args.workers, progress=update)
     dt = time.perf_counter() - t0
     print(
-        f"indexed {len(m.shards)} shards, {m.num_samples} samples, "
-        f"{sum(s.bytes for s in m.shards) / 1e6:.1f} MB in {dt:.1f} s -> {m.url}",
+        f"indexed {counted(len(m.shards), 'shard')}, {counted(m.num_samples, 'sample')}, "
+        f"{human_bytes(sum(s.bytes for s in m.shards))} in {dt:.1f} s -> {m.url}",
         file=sys.stdout,
     )
     return 0
@@ -71,7 +72,7 @@ def _check_existing(urls: list[str], out: str | None, force: bool) -> None:
     left_out = [s.url for s in old.shards if s.url.rstrip("/").rsplit("/", 1)[-1] not in names]
     if left_out:
         raise FileExistsError(
-            f"{murl} lists {len(old.shards)} shards, {len(left_out)} of which this run does not index "
+            f"{murl} lists {counted(len(old.shards), 'shard')}, {len(left_out)} of which this run does not index "
             f"(e.g. {left_out[0]}): replacing it would drop them and its metadata "
             f"({', '.join(sorted(old.meta)) or 'none'}). Index all the shards, write elsewhere with --out, "
             "or pass --force to replace it"

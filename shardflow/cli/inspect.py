@@ -9,7 +9,7 @@ from typing import Any
 from ..inspect import summarize
 from ..storage import IOOptions
 from .progress import progress_bar, total_samples
-from .units import human_bytes
+from .units import counted, human_bytes
 
 _META_WIDTH = 100  # characters of each meta value shown (``--json`` has them whole)
 
@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="decode at most N graphs per shard for graph statistics (default all)")
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="scanning processes (default: CPUs)")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option (repeatable)")
+                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
+                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
     parser.set_defaults(func=run)
 
 
@@ -82,7 +83,7 @@ def format_summary(info: dict[str, Any]) -> str:
         lines.append("fields")
         width = max(len(f) for f in info["fields"])
         for name, f in info["fields"].items():
-            count = f"  in {f['samples']:,} samples" if f["samples"] is not None else ""
+            count = f"  in {counted(f['samples'], 'sample')}" if f["samples"] is not None else ""
             lines.append(f"  {name:<{width}}  codec {f['codec']}{count}")
     if info["classes"]:
         classes = info["classes"]

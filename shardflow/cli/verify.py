@@ -8,7 +8,7 @@ import json
 from ..inspect import verify
 from ..storage import IOOptions
 from .progress import progress_bar, total_samples
-from .units import human_bytes
+from .units import counted, human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="problems to print (default 50; all are counted)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option (repeatable)")
+                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
+                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
     parser.set_defaults(func=run)
 
 
@@ -57,16 +58,16 @@ def run(args: argparse.Namespace) -> int:
     checks += "; every field decoded" if report.decoded else "; fields not decoded"
     if report.ok:
         print(
-            f"OK: {report.shards:,} shards, {report.samples:,} samples, {human_bytes(report.bytes)} verified "
+            f"OK: {counted(report.shards, 'shard')}, {counted(report.samples, 'sample')}, {human_bytes(report.bytes)} verified "
             f"({checks}) in {report.seconds:.1f} s"
         )
         return 0
     for p in report[: args.max_problems]:
         print(f"FAIL {p}")
     if len(report) > args.max_problems:
-        print(f"... and {len(report) - args.max_problems:,} more problems (--max-problems to see them)")
+        print(f"... and {len(report) - args.max_problems:,} more (--max-problems to see them)")
     print(
-        f"verify: {len(report):,} problem(s) in {len(report.bad_shards()):,} of {report.shards:,} shards "
-        f"({report.samples:,} samples read; {checks})"
+        f"verify: {counted(len(report), 'problem')} in {len(report.bad_shards()):,} of {counted(report.shards, 'shard')} "
+        f"({counted(report.samples, 'sample')} read; {checks})"
     )
     return 1
