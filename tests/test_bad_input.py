@@ -167,8 +167,11 @@ def test_warn_logs_each_dropped_sample(tmp_path, caplog):
         assert [s["__key__"] for s in ds] == GOOD_KEYS
     assert dict(ds.stats) == EXPECTED_STATS
     warned = [r.getMessage() for r in caplog.records if r.name == "shardflow.stages"]
-    assert len(warned) == 6
-    assert all(re.search(r"mixed-[01]\.tar: sample 'b\d\d'", m) for m in warned), warned
+    assert len(warned) == 7
+    assert all(re.search(r"mixed-[01]\.tar: sample 'b\d\d'", m) for m in warned[:6]), warned
+    # then the total of the pass, by reason
+    assert warned[6] == ("on_error='warn': skipped 6 of 12 samples in this pass "
+                         "(decode 3, duplicate_field 1, missing_field 1, transform 1)")
 
 
 def test_through_loader_workers_stats_are_added_up(tmp_path):
