@@ -12,13 +12,14 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..filesystems import fresh_info, is_http, is_memory
 from ..options import IOOptions
+from .gcs import GCSReader, is_gcs
 from .generic import FileReader
 from .http import HTTPReader
 from .local import LocalReader
 from .memory import MemoryReader
 from .s3 import S3Reader, is_s3
 
-__all__ = ["FileReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader"]
+__all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader"]
 
 
 def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
@@ -27,7 +28,8 @@ def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: 
 
     Args:
         end: byte after the last one wanted, or None (to the end).
-        expect: the identity seen at a first open, for a reopen (S3 sends ``If-Match``).
+        expect: the identity seen at a first open, for a reopen (S3 sends ``If-Match``,
+            GCS asks for the generation seen).
     """
     if isinstance(fs, LocalFileSystem):
         return LocalReader(path, offset)
@@ -40,4 +42,6 @@ def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: 
         return HTTPReader(fs, url, offset, stop, info, options.request_timeout)
     if is_s3(fs):
         return S3Reader(fs, path, url, offset, end, expect, options.request_timeout)
+    if is_gcs(fs):
+        return GCSReader(fs, path, url, offset, end, expect, options.request_timeout)
     return FileReader(fs, path, offset, options.block_size)
