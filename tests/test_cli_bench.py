@@ -112,3 +112,19 @@ def test_bad_config_key_is_reported(images: Path, tmp_path: Path, capsys: pytest
     assert main(["bench", "--config", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "unknown config key(s) 'batchsize' (did you mean 'batch_size'?)" in err
+
+
+def test_the_plot_shows_the_rate_that_is_printed(images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardflow.cli.bench as bench
+
+    drawn = {}
+
+    def fake_plot(timeline, path, *, title="", mean=None):
+        drawn.update(timeline=timeline, mean=mean)
+
+    monkeypatch.setattr(bench, "plot_throughput", fake_plot)
+    out = bench_json(capsys, str(images), "--workers", "0", "--batch-size", "4", "--plot", str(tmp_path / "p.png"))
+    assert drawn["mean"] == out["samples_per_s"] == pytest.approx(out["samples"] / out["seconds"], rel=0.01)
+    # the pass ends with its last batch: the rate is not diluted by the workers' shut-down
+    assert out["seconds"] >= drawn["timeline"][-1][0]
