@@ -125,14 +125,11 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             except ShardflowError:
                 raise
             except Exception as exc:
-                if not is_transient(exc):
-                    if not is_io_error(exc):
-                        raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
-                    if isinstance(exc, FileNotFoundError) and identity is not None:
-                        raise ShardChangedError(
-                            f"{url} changed while being read: it disappeared at byte {offset}"
-                        ) from exc
-                    raise read_error(url, offset, exc, 0) from exc
+                fatal = _fatal(url, offset, exc, seen=identity is not None)
+                if fatal is exc:
+                    raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
+                if fatal is not None:
+                    raise fatal from exc
                 failures += 1
                 if failures > options.retries:
                     raise read_error(url, offset, exc, failures) from exc
@@ -164,6 +161,19 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
     finally:
         if reader is not None:
             reader.close()
+
+
+def _fatal(url: str, offset: int, exc: Exception, *, seen: bool) -> BaseException | None:
+    """What to raise at once for a failed read, or None when a retry may help: ``exc``
+    itself when it is not about the store, else an error naming the URL and offset
+    (:class:`ShardChangedError` when an object already ``seen`` disappeared)."""
+    if is_transient(exc):
+        return None
+    if not is_io_error(exc):
+        return exc
+    if isinstance(exc, FileNotFoundError) and seen:
+        return ShardChangedError(f"{url} changed while being read: it disappeared at byte {offset}")
+    return read_error(url, offset, exc, 0)
 
 
 def _check_deadline(url: str, start: int, stop: int | None, offset: int, waited: float,
