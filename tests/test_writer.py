@@ -129,7 +129,8 @@ def test_writer_and_indexer_take_io_like_the_datasets(tmp_path: Path) -> None:
     ``storage_options=`` shortcut, on the writer and the indexer as on the datasets."""
     from shardflow.indexing import index_shards
 
-    io = shardflow.IOOptions(cache_dir=str(tmp_path / "uploads"))
+    # trust_manifest_urls: the manifest in idx/ lists the shards of d/ by absolute path
+    io = shardflow.IOOptions(cache_dir=str(tmp_path / "uploads"), trust_manifest_urls=True)
     with shardflow.ShardWriter(str(tmp_path / "d" / "s-%06d.tar"), max_count=3, io=io) as w:
         for i in range(5):
             w.write({"__key__": f"{i:03d}", "cls": i})
