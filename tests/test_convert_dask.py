@@ -59,8 +59,10 @@ def write(fn, dst: Path, **kw):
 
 def test_same_bytes_as_local_processes(cluster, tmp_path: Path) -> None:
     _, client = cluster
+    log_length = client.scheduler_comm.recent_message_log.maxlen
     write(sample_of, tmp_path / "local", workers=2)
     write(sample_of, tmp_path / "dask", client=client)
+    assert client.scheduler_comm.recent_message_log.maxlen == log_length  # the client is left as it was
     local = folder_bytes(tmp_path / "local")
     assert len([n for n in local if n.endswith(".tar")]) > 8
     assert folder_bytes(tmp_path / "dask") == local

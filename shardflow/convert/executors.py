@@ -9,6 +9,7 @@ when a worker is lost: Dask does so by itself, and the result is the same.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -21,6 +22,8 @@ from .groups import exit_with_parent
 __all__ = ["Executor", "InlineExecutor", "LocalExecutor", "DaskExecutor", "make_executor"]
 
 log = logging.getLogger(__name__)
+
+_LOG_LENGTH = 10  # messages the Dask client's comm keeps for debugging while converting
 
 
 class Executor:
@@ -91,6 +94,16 @@ class DaskExecutor(Executor):
         workers = len(client.scheduler_info().get("workers", {})) or 1
         self.slots = 2 * workers
         self._futures: set[Any] = set()
+        # The client's comm to the scheduler keeps its last messages under 1 MB, 1,000 by
+        # default (distributed.admin.low-level-log-length), for debugging; every write task is
+        # one such message carrying a group's inputs, so the client grew with the tree (56 MiB
+        # at 1,000,000 files). Keep a short log while converting; close() puts it back.
+        comm = getattr(client, "scheduler_comm", None)
+        self._log = getattr(comm, "recent_message_log", None)
+        if isinstance(self._log, collections.deque) and (self._log.maxlen or 0) > _LOG_LENGTH:
+            comm.recent_message_log = collections.deque(self._log, maxlen=_LOG_LENGTH)
+        else:
+            self._log = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         fut = self.client.submit(fn, *args, pure=False)
@@ -106,6 +119,10 @@ class DaskExecutor(Executor):
         if self._futures:
             self.client.cancel(list(self._futures))
             self._futures.clear()
+        comm = getattr(self.client, "scheduler_comm", None)
+        if self._log is not None and comm is not None:
+            comm.recent_message_log = collections.deque(comm.recent_message_log, maxlen=self._log.maxlen)
+            self._log = None
 
 
 def make_executor(workers: int, client: Any = None) -> Executor:
