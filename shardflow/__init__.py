@@ -6,6 +6,7 @@ Public surface (see DESIGN.md §3):
 - :func:`write_shards`: ``fn`` over a stream of inputs, in parallel (local processes or Dask),
   deterministic and resumable: the general form of every converter.
 - :class:`ShardDataset`: a streaming ``IterableDataset`` over shards, local or any fsspec URL.
+- :class:`Source`: one of several sources of a dataset (a union, or a weighted mixture).
 - :class:`IndexedShardDataset`: map-style random access through the offset index.
 - :func:`loader`: a :class:`ShardLoader`, a DataLoader with the right settings, with
   ``state_dict()`` for resumption; :func:`collate` is its default ``collate_fn``.
@@ -25,6 +26,7 @@ __all__ = [
     "ShardWriter",
     "write_shards",
     "ShardDataset",
+    "Source",
     "IndexedShardDataset",
     "ShuffleConfig",
     "IOOptions",
@@ -43,6 +45,7 @@ _LAZY = {
     "ShardWriter": ("writer", "ShardWriter"),
     "write_shards": ("convert.write", "write_shards"),
     "ShardDataset": ("dataset", "ShardDataset"),
+    "Source": ("source", "Source"),
     "IndexedShardDataset": ("indexed", "IndexedShardDataset"),
     "ShuffleConfig": ("plan", "ShuffleConfig"),
     "IOOptions": ("storage", "IOOptions"),

@@ -4,7 +4,8 @@ A config names the source and every option that changes what a training loop
 receives (order, decoding, fields, splitting, batching, error policy) plus where
 and how shards are read. The same file run twice gives the same batches::
 
-    # configs/images.yaml
+    # configs/images.yaml (a list of sources with weights mixes them:
+    #   source: [{url: data/a, weight: 3}, {url: data/b, weight: 1}] plus samples_per_epoch)
     source: data/imagenet/shardflow.json
     shuffle: 1000
     seed: 0
@@ -55,8 +56,9 @@ class PipelineConfig:
     """Everything that defines a data pipeline, validated on creation.
 
     Attributes:
-        source: folder, manifest URL, shard pattern (``s3://b/train-{000000..000099}.tar``)
-            or list of shard URLs.
+        source: folder, manifest URL, shard pattern (``s3://b/train-{000000..000099}.tar``),
+            or a list of sources, each a URL or a mapping ``{url, weight, storage_options,
+            name}`` (a union, or with weights and ``samples_per_epoch`` a weighted mixture).
         shuffle: False (stored order), True (shard shuffle and a 1,000-sample
             buffer) or a shuffle buffer size in samples.
         seed: seed of every shuffle.
@@ -80,7 +82,7 @@ class PipelineConfig:
             message names the key, what was expected and what was found).
     """
 
-    source: str | tuple[str, ...]
+    source: str | tuple[str | Mapping[str, Any], ...]
     shuffle: bool | int = False
     seed: int = 0
     decode: str | None = "numpy"
@@ -105,10 +107,10 @@ class PipelineConfig:
         src = self.source
         if isinstance(src, os.PathLike):
             src = os.fspath(src)
-        if isinstance(src, (list, tuple)) and src and all(isinstance(u, (str, os.PathLike)) for u in src):
-            src = tuple(os.fspath(u) for u in src)
+        if isinstance(src, (list, tuple)) and src:
+            src = tuple(_source_entry(u, f"source[{i}]") for i, u in enumerate(src))
         elif not isinstance(src, str) or not src:
-            raise bad("source", "a non-empty URL, path or pattern, or a list of shard URLs")
+            raise bad("source", "a non-empty URL, path or pattern, or a list of sources")
         object.__setattr__(self, "source", src)
         if not (isinstance(self.shuffle, bool) or (is_int(self.shuffle) and self.shuffle >= 0)):
             raise bad("shuffle", "true, false or a shuffle buffer size >= 0")
@@ -189,12 +191,35 @@ class PipelineConfig:
         out = dataclasses.asdict(self)
         for k in ("source", "fields", "resize"):
             if isinstance(out[k], tuple):
-                out[k] = list(out[k])
+                out[k] = [dict(v) if isinstance(v, Mapping) else v for v in out[k]]
         return out
 
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with some keys changed (validated; unknown keys refused)."""
         return PipelineConfig.from_dict({**self.to_dict(), **changes})
+
+
+_SOURCE_KEYS = ("url", "weight", "storage_options", "name")
+
+
+def _source_entry(entry: Any, where: str) -> str | Mapping[str, Any]:
+    """One entry of a list of sources: a URL or path, or a mapping with ``url``
+    and optionally ``weight``, ``storage_options`` and ``name`` (see :class:`shardflow.Source`)."""
+    if isinstance(entry, (str, os.PathLike)) and os.fspath(entry):
+        return os.fspath(entry)
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"config key {where!r}: expected a URL or a mapping with 'url' (and 'weight', ...), got {entry!r}")
+    unknown = [k for k in entry if k not in _SOURCE_KEYS]
+    if unknown or not isinstance(entry.get("url"), (str, os.PathLike)) or not os.fspath(entry["url"]):
+        raise ConfigError(
+            f"config key {where!r}: a source mapping needs 'url' and may have {', '.join(_SOURCE_KEYS[1:])}; got {dict(entry)!r}"
+        )
+    w = entry.get("weight")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf")):
+        raise ConfigError(f"config key {where}.weight: expected a positive number, got {w!r}")
+    if not isinstance(entry.get("storage_options") or {}, Mapping):
+        raise ConfigError(f"config key {where}.storage_options: expected a mapping of fsspec options")
+    return {k: (os.fspath(v) if k == "url" else v) for k, v in entry.items()}
 
 
 def _expand_env(value: Any, where: str, environ: Mapping[str, str]) -> Any:
@@ -292,7 +317,11 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
     io = extra.pop("io", None)
     if io is None:
         io = IOOptions(storage_options=cfg.storage_options, cache_dir=cfg.cache_dir)
-    source: Any = list(cfg.source) if isinstance(cfg.source, tuple) else cfg.source
+    source: Any = cfg.source
+    if isinstance(source, tuple):
+        from .source import Source
+
+        source = [Source(**e) if isinstance(e, Mapping) else e for e in source]
     if cfg.resize is not None:
         from .transforms import Chain, Resize, map_fields
 

@@ -19,11 +19,13 @@ from torch.utils.data import IterableDataset
 
 from . import stages, storage
 from .codecs import DecodeOptions, field_alternatives, preload
-from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, StateError
+from .elastic import redistribute
+from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, SourceError, StateError
 from .expand import Expand
+from .mixing import Mixture
 from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, shuffle_buffer, split_unsized, worker_batches
-from .source import Source, resolve_source
-from .state import STATE_VERSION, ResumePoint, build_state, check_state, decode_runs, encode_runs
+from .source import ShardSet, SourcePart, resolve_source
+from .state import STATE_VERSION, ResumePoint, build_state, check_state, parse_layout
 from .transforms import map_fields
 from .world import World, stable_seed
 
@@ -179,14 +181,16 @@ class ShardDataset(IterableDataset):
         self._split = SplitConfig(partial=partial, samples_per_epoch=samples_per_epoch)  # type: ignore[arg-type]
         self._ranks = (rank, world_size)
         World.detect(rank, world_size)  # validates
-        self.source: Source = resolve_source(source, io)
+        self.source: ShardSet = resolve_source(source, io)
         self._check_fields()
+        self._mixture = self._make_mixture()
         if self.source.counts is None:  # fail here, not later inside a DataLoader worker
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
         self._batching: Batching | None = None
         self._in_loader = False  # True while a shardflow.loader iterates this dataset
         self._resume: ResumePoint | None = None
+        self._layout: tuple[int, tuple[tuple[int, int], ...]] | None = None  # (epoch, earlier stages) of a resumed epoch
         self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
@@ -204,9 +208,14 @@ class ShardDataset(IterableDataset):
         return self.source.manifest
 
     @property
+    def samples_per_epoch(self) -> int | None:
+        """Samples per rank per epoch when training by steps (or a mixture), else None."""
+        return self._split.samples_per_epoch
+
+    @property
     def sized(self) -> bool:
         """True when sample counts are known (a manifest), so splits are exact."""
-        return self.source.manifest is not None
+        return self.source.counts is not None
 
     @property
     def urls(self) -> list[str]:
@@ -225,6 +234,38 @@ class ShardDataset(IterableDataset):
             self._main_ranks = (world.rank, world.world_size)
             return world
         return World.detect(*self._ranks, default=getattr(self, "_main_ranks", None))
+
+    def _make_mixture(self) -> Mixture | None:
+        """The weighted mixture of the sources, or None without weights.
+
+        Raises:
+            SourceError: weights on some sources only, without ``samples_per_epoch``,
+                or on a source without a manifest.
+        """
+        parts = self.source.parts
+        weighted = [p.weight is not None for p in parts]
+        if not any(weighted):
+            return None
+        if not all(weighted):
+            missing = [f"{i} ({p.label})" for i, p in enumerate(parts) if p.weight is None]
+            raise SourceError(f"weights are given for some sources only: source {', '.join(missing)} has none; give every source a weight, or none")
+        if self._split.samples_per_epoch is None:
+            raise SourceError("a weighted mixture needs samples_per_epoch: the samples of each rank per epoch, shared out by weight")
+        bare = [f"{i} ({p.label})" for i, p in enumerate(parts) if not p.sized]
+        if bare:
+            raise SourceError(f"a weighted mixture needs sample counts, and source {', '.join(bare)} has no shardflow.json; write one with `shardflow index`")
+        return Mixture(tuple((p.start, p.stop) for p in parts), tuple(float(p.weight or 0) for p in parts))
+
+    @property
+    def sources(self) -> tuple[SourcePart, ...]:
+        """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
+        return self.source.parts
+
+    def _source_index(self) -> dict[str, int] | None:
+        """Shard URL -> source index (None for a single source: every sample is 0)."""
+        if len(self.source.parts) == 1:
+            return None
+        return {u: int(i) for u, i in zip(self.source.urls, self.source.source_of.tolist())}
 
     def _check_fields(self) -> None:
         m = self.source.manifest
@@ -276,42 +317,86 @@ class ShardDataset(IterableDataset):
         """
         counts = self._item_counts()
         if counts is None:
-            raise TypeError(
-                "this ShardDataset has no manifest, so its length is unknown; write one with `shardflow index`"
-            )
+            raise TypeError(f"this ShardDataset's length is unknown: {self._unsized_reason()}")
         world = self.world()
         n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
         return n
 
-    def num_batches(self, num_workers: int = 1, epoch: int | None = None) -> int:
+    def _unsized_reason(self) -> str:
+        """Which sources lack sample counts, and what to do about it."""
+        parts = self.source.parts
+        if len(parts) == 1:
+            return f"{parts[0].label} has no manifest (shardflow.json) with sample counts; write one with `shardflow index`"
+        names = ", ".join(f"{i} ({p.label})" for i, p in enumerate(parts) if not p.sized)
+        return f"source {names} has no manifest (shardflow.json) with sample counts; write one with `shardflow index` for each"
+
+    def num_batches(self, num_workers: int = 1, epoch: int | None = None, state: Mapping[str, Any] | None = None) -> int:
         """Batches per epoch of this rank under the loader's batching (sized only).
 
-        ``epoch`` matters only with cost-bounded batches, whose count depends on the
-        epoch's order (None: :attr:`epoch`)."""
+        ``epoch`` matters with cost-bounded batches, whose count depends on the
+        epoch's order (None: :attr:`epoch`), and for a resumed epoch. ``state``: a
+        checked state to be resumed; after an elastic resume (another world
+        size), the count is that of the resumed epoch's share."""
         counts = self._item_counts()
         if counts is None:
-            raise TypeError("unknown number of batches: this ShardDataset has no manifest (see `shardflow index`)")
+            raise TypeError(f"unknown number of batches: {self._unsized_reason()}")
         split = self._split_config()
-        if split.max_cost is not None:  # cost-bounded batches: the count depends on the epoch's order
-            return self.plan(epoch).num_batches
+        e = self.epoch if epoch is None else epoch
+        layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
+        if state is not None and state.get("remaining") and int(state["epoch"]) == e:
+            layout = self._split_layout(parse_layout(state["remaining"], str(state.get("kind"))))[0]
+        if split.max_cost is not None or layout:  # cost-bounded batches, or the rest of an elastic epoch
+            return self.plan(e, layout=layout).num_batches
         world = self.world()
         _, nb, _, _ = rank_share(int(counts.sum()), world.world_size, split)
         return nb
 
-    def plan(self, epoch: int | None = None, rank: int | None = None) -> RankPlan:
-        """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only."""
+    def plan(
+        self, epoch: int | None = None, rank: int | None = None, *, layout: tuple[tuple[int, int], ...] | None = None
+    ) -> RankPlan:
+        """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only.
+
+        ``layout``: the earlier ``(world size, steps)`` stages of a resumed epoch
+        (:mod:`shardflow.elastic`); None: those of a loaded state for that epoch, if any."""
         counts = self._item_counts()
         if counts is None:
             raise TypeError("no plan without a manifest (see `shardflow index`)")
         world = self.world()
         r = world.rank if rank is None else rank
         e = int(self._control[0]) if epoch is None else epoch
-        key = (r, e, self.shuffle, self._split_config())
+        if layout is None:
+            layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
+        split = self._split_config()
+        key = (r, e, world.world_size, self.shuffle, split, layout)
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1]
-        plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, self._split_config(), self._costs())
+        if layout:
+            plan = self._resumed_plan(counts, e, r, world.world_size, layout, split)
+        else:
+            plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, split, self._costs(), self._mixture)
         self._plan_cache = (key, plan)
         return plan
+
+    def _resumed_plan(
+        self, counts: np.ndarray, epoch: int, rank: int, world_size: int, layout: tuple[tuple[int, int], ...], split: SplitConfig
+    ) -> RankPlan:
+        """The rest of an epoch that ran on the ``layout``'s worlds, shared out over this one
+        (:mod:`shardflow.elastic`)."""
+        costs = self._costs()
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+        def costs_of(p: RankPlan, positions: np.ndarray) -> np.ndarray:
+            shard = np.asarray([sg.shard for sg in p.segments], dtype=np.int64)[p.read_segment[positions]]
+            return costs[starts[shard] + p.read_sample[positions]] if costs is not None else np.zeros(len(positions), np.int64)
+
+        w0 = layout[0][0]
+        plans = [plan_epoch(counts, r, w0, self.seed, epoch, self.shuffle, split, costs, self._mixture) for r in range(w0)]
+        for i, (_, steps) in enumerate(layout):
+            nxt = layout[i + 1][0] if i + 1 < len(layout) else world_size
+            wanted = range(nxt) if i + 1 < len(layout) else [rank]
+            out = {r: redistribute(plans, steps, r, nxt, split, costs_of if costs is not None else None) for r in wanted}
+            plans = [out[r] for r in sorted(out)] if i + 1 < len(layout) else [out[rank]]
+        return plans[0]
 
     # ------------------------------------------------------------ epochs & state
 
@@ -323,6 +408,7 @@ class ShardDataset(IterableDataset):
         """
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._layout = None  # a resumed epoch's layout ends with it: this one is a plain epoch
         self._user_epoch = int(epoch)
         self._apply_epoch(int(epoch))
 
@@ -388,7 +474,10 @@ class ShardDataset(IterableDataset):
                 f"num_workers: saved {saved.get('num_workers')}, now {num_workers} "
                 "(without a manifest the worker count must match)"
             )
-        check_state(state, kind, self._fingerprint(num_workers), ignored=("num_workers",), extra=extra)
+        ignored = ("num_workers", "rank", "world_size") if self.sized else ("num_workers",)
+        check_state(state, kind, self._fingerprint(num_workers), ignored=ignored, extra=extra)
+        if self.sized:
+            parse_layout(state["remaining"], kind)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the current epoch when iterating in this process.
@@ -401,16 +490,27 @@ class ShardDataset(IterableDataset):
         progress = getattr(self, "_progress", None)
         resume = self._resume
         if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
-            remaining = [encode_runs(resume.assignment[0])] if self.sized else [resume.skip[0]]
-            return self.make_state("ShardDataset", 1, resume.epoch, remaining, 0)
+            return self.make_state("ShardDataset", 1, resume.epoch, self.position(resume.layout, resume.step, resume.skip[:1]), 0)
         if progress is None:
-            epoch = int(self._control[0]) + int(self._control[1])
-            remaining: list[Any] = []
-        else:
-            ids, k, skip = progress
-            epoch = self._last_epoch
-            remaining = [encode_runs(ids[k:])] if self.sized else [skip + k]
-        return self.make_state("ShardDataset", 1, epoch, remaining, 0)
+            return self.make_state("ShardDataset", 1, int(self._control[0]) + int(self._control[1]), [], 0)
+        step0, k, skip, layout = progress
+        return self.make_state("ShardDataset", 1, self._last_epoch, self.position(layout, step0 + k, [skip + k]), 0)
+
+    def position(self, layout: Sequence[tuple[int, int]], step: int, skips: Sequence[int] = ()) -> list[Any]:
+        """The ``remaining`` entry of a state (:mod:`shardflow.state`).
+
+        Args:
+            layout: the epoch's earlier ``(world size, steps)`` stages.
+            step: batches (samples, iterated directly) of the current plan taken
+                by every rank.
+            skips: unsized: the units each worker stream has passed.
+
+        Returns:
+            Sized: ``[[W0, k0], ..., [W, step]]``; unsized: ``skips``.
+        """
+        if not self.sized:
+            return [int(x) for x in skips]
+        return [[int(w), int(k)] for w, k in layout] + [[self.world().world_size, int(step)]]
 
     def make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
         """A state dict of this dataset's configuration (see :mod:`shardflow.state`).
@@ -486,11 +586,20 @@ class ShardDataset(IterableDataset):
         """The workers hold their copy of the resume point: later epochs start afresh."""
         self._resume = None
 
+    def _split_layout(self, stages_: list[tuple[int, int]]) -> tuple[tuple[tuple[int, int], ...], int]:
+        """``(layout, step)`` of a saved layout at this world size: on the world of its
+        last stage, continue that stage's plan at its step; on another, share out what
+        remains (:mod:`shardflow.elastic`) from step 0."""
+        if stages_[-1][0] == self.world().world_size:
+            return tuple(stages_[:-1]), stages_[-1][1]
+        return tuple(stages_), 0
+
     def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
         epoch = int(state["epoch"])
         remaining = state["remaining"]
         self._apply_epoch(epoch)
         self._user_epoch = epoch
+        self._layout = None
         if not remaining:  # saved before anything was read: start the epoch afresh
             self._resume = None
             return
@@ -498,17 +607,14 @@ class ShardDataset(IterableDataset):
             skip = [int(x) for x in remaining]
             j = int(state["next_worker"])
             streams = tuple((i + j) % num_workers for i in range(num_workers))
-            self._resume = ResumePoint(epoch, (), tuple(skip[s] for s in streams), streams)
+            self._resume = ResumePoint(epoch, skip=tuple(skip[s] for s in streams), streams=streams)
             return
-        lists = [decode_runs(r) for r in remaining]
-        saved_workers = len(lists)
-        if saved_workers == num_workers:
-            j = int(state["next_worker"]) % num_workers
-            assignment = tuple(tuple(lists[(i + j) % num_workers]) for i in range(num_workers))
-        else:
-            flat = sorted(b for lst in lists for b in lst)
-            assignment = tuple(tuple(flat[i * len(flat) // num_workers : (i + 1) * len(flat) // num_workers]) for i in range(num_workers))
-        self._resume = ResumePoint(epoch, assignment)
+        stages_ = parse_layout(remaining, str(state.get("kind")))
+        layout, step = self._split_layout(stages_)
+        if not step and layout:
+            log.info("resuming epoch %d on %d ranks after %s (world size, steps)", epoch, self.world().world_size, stages_)
+        self._layout = (epoch, layout) if layout else None
+        self._resume = ResumePoint(epoch, layout, step)
 
     # ------------------------------------------------------------ iteration
 
@@ -545,11 +651,10 @@ class ShardDataset(IterableDataset):
         if not self.sized:
             return []
         plan = self.plan(epoch, world.rank)
-        if resume is not None and resume.assignment:
-            ids = list(resume.assignment[world.worker]) if world.worker < len(resume.assignment) else []
-        else:
-            ids = list(worker_batches(plan.num_batches, world.worker, world.num_workers, not self.shuffle.enabled))
-        return ids
+        step = resume.step if resume is not None else 0
+        # whole batches round robin: the DataLoader, taking one from each worker in turn,
+        # yields them in plan order, the same sequence for any number of workers
+        return [step + b for b in worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)]
 
     def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
         """Compose the stages; returns (items, planned batch sizes)."""
@@ -558,7 +663,7 @@ class ShardDataset(IterableDataset):
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes, order = plan.batch_positions(ids)
-            needed = np.zeros(len(plan.emit), dtype=bool)
+            needed = np.zeros(len(plan.read_sample), dtype=bool)  # read positions (a resumed plan reads more than it yields)
             needed[order] = True
             raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets, k, prepare)
             items: Iterator[Any] = stages.emit_in_order(raw, order)
@@ -575,6 +680,8 @@ class ShardDataset(IterableDataset):
                 items = _skip(items, skip * (self._batching.batch_size if self._batching else 1))
         if prepare is None and self.fields is not None:
             items = stages.select_fields(items, self.fields, policy)
+        if prepare is None:
+            items = _tag_sources(items, self._source_index())
         if prepare is None and self.decode is not None:
             items = stages.decode(items, self.decode, policy)
         if self.transform is not None:
@@ -587,11 +694,14 @@ class ShardDataset(IterableDataset):
         wanted = stages._wanted(self.fields) if self.fields is not None else None
         options = self.decode
         seed = self.seed
+        by_url = self._source_index()
 
         def prepare(sample: dict[str, Any]) -> list[Any] | None:
             s: dict[str, Any] | None = sample
             if wanted is not None:
                 s = stages.select_one(sample, wanted, policy)
+            if s is not None:
+                s["__source__"] = by_url.get(s["__url__"], 0) if by_url else 0
             if s is not None and options is not None:
                 s = stages.decode_one(s, options, policy)
             if s is None or expand is None:
@@ -615,7 +725,8 @@ class ShardDataset(IterableDataset):
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
         in_main = torch.utils.data.get_worker_info() is None
-        progress = [ids, 0, skip]
+        layout = resume.layout if resume is not None else ()
+        progress = [ids[0] if ids else (resume.step if resume is not None else 0), 0, skip, layout]
         if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch
             self._progress = progress
         return self._yield_samples(_stream_world(world, resume), epoch, ids, skip, policy, progress, in_main)
@@ -673,6 +784,14 @@ class ShardDataset(IterableDataset):
         state["_plan_cache"] = None
         check_picklable_transform(self.transform)
         return state
+
+
+def _tag_sources(items: Iterator[Any], by_url: dict[str, int] | None) -> Iterator[Any]:
+    """Set ``__source__`` (the source's index in the list) on every sample."""
+    for item in items:
+        if item is not None:
+            item["__source__"] = by_url.get(item["__url__"], 0) if by_url else 0
+        yield item
 
 
 def _stream_world(world: World, resume: ResumePoint | None) -> World:

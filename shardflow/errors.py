@@ -77,6 +77,12 @@ class StateError(ShardflowError, ValueError):
     default_reason = "state"
 
 
+class SourceError(ShardflowError, ValueError):
+    """Dataset sources that cannot be read together (the same shard reached twice, weights on some only)."""
+
+    default_reason = "source"
+
+
 class RemoteReadError(ShardflowError, OSError):
     """Reading a shard failed after all retries, or the object changed while being read."""
 

@@ -36,7 +36,7 @@ from .codecs import DecodeOptions, decode_field
 from .dataset import check_picklable_transform
 from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
 from .format.tar import iter_samples
-from .source import Source, resolve_source
+from .source import ShardSet, resolve_source
 from .storage.urls import SHARD_SUFFIXES
 from .transforms import map_fields
 
@@ -78,7 +78,8 @@ class IndexedShardDataset(Dataset):
     A map-style ``torch.utils.data.Dataset``: use it with any sampler
     (``RandomSampler``, ``DistributedSampler``, ``SubsetRandomSampler``, ...)
     and DataLoader workers. ``ds[i]`` is the same dict :class:`ShardDataset`
-    yields for that sample: ``__key__`` (str), ``__url__`` (the shard URL) and
+    yields for that sample: ``__key__`` (str), ``__url__`` (the shard URL),
+    ``__source__`` (int, the source's index in a list of sources; 0 for one) and
     the fields decoded by extension (see :mod:`shardflow.codecs`).
 
     Example::
@@ -132,7 +133,7 @@ class IndexedShardDataset(Dataset):
         self.io = io
         self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         self.max_open = max_open
-        self.source: Source = resolve_source(source, io)
+        self.source: ShardSet = resolve_source(source, io)
         manifest = self.source.manifest
         if manifest is None:
             raise ManifestError(
@@ -287,7 +288,7 @@ class IndexedShardDataset(Dataset):
                 reason="stale_index",
             )
         key, _, fields = found[0]
-        sample: dict[str, Any] = {"__key__": key, "__url__": url}
+        sample: dict[str, Any] = {"__key__": key, "__url__": url, "__source__": self.source.part_of(shard)}
         sample.update(fields)  # type: ignore[arg-type]
         return sample
 

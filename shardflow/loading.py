@@ -13,8 +13,6 @@ from torch.utils.data import DataLoader
 from .collation import collate as default_collate
 from .dataset import Batching, ShardDataset, WorkerItem
 from .errors import ShardflowError, StateError
-from .plan import worker_batches
-from .state import encode_runs
 
 __all__ = ["loader", "ShardLoader"]
 
@@ -93,6 +91,7 @@ class ShardLoader:
         self._lists: list[list[int]] = []
         self._taken: list[int] = []
         self._streams: list[int] = []
+        self._layout: tuple[tuple[int, int], ...] = ()
         self._next_worker = 0
         self._active = False
 
@@ -109,7 +108,7 @@ class ShardLoader:
             TypeError: the dataset has no manifest (unsized stream).
         """
         epoch = self._epoch if self._active and self._epoch is not None else self._coming_epoch()
-        return self.dataset.num_batches(self.workers, epoch)
+        return self.dataset.num_batches(self.workers, epoch, self._pending)
 
     def _coming_epoch(self) -> int:
         """The epoch the next ``iter()`` starts."""
@@ -132,12 +131,9 @@ class ShardLoader:
         resume = ds.begin_epoch(epoch, pending, self.workers)
         self._epoch = epoch
         k = self.workers
-        if ds.sized:
-            if resume is not None:
-                self._lists = [list(a) for a in resume.assignment]
-            else:
-                nb = ds.num_batches(k)
-                self._lists = [list(worker_batches(nb, w, k, not ds.shuffle.enabled)) for w in range(k)]
+        if ds.sized:  # one sequence of batches (plan order), whatever the worker count
+            self._lists = [[resume.step if resume is not None else 0]]
+            self._layout = resume.layout if resume is not None else ()
         else:
             base = list(resume.skip) if resume is not None else [0] * k
             self._lists = [[b] for b in base]
@@ -215,19 +211,24 @@ class ShardLoader:
 
         Loaded into a fresh dataset and loader (same configuration), the next
         iteration yields exactly the batches not yet received, in the same
-        order as the uninterrupted run. With a manifest the worker count may
-        change (the remaining batches are then each yielded once, in another
-        order); a different world size, batch size, seed or shuffle raises
-        :class:`~shardflow.errors.StateError`.
+        order as the uninterrupted run. With a manifest, ranks step in
+        lock-step, so the state of any one rank loads on every rank; the worker
+        count may change (the batch sequence does not depend on it), and so may
+        the world size: the samples the saved ranks had not taken are then
+        shared equally among the new ranks, each exactly once (plus declared
+        padding), and later epochs are plain epochs of the new world (see
+        :mod:`shardflow.elastic`). A different batch size, seed, shuffle or
+        set of shards raises :class:`~shardflow.errors.StateError`, as does,
+        without a manifest, another world size, rank or worker count.
         """
         ds = self.dataset
         if self._pending is not None:  # loaded, not iterated yet: keep that position
             return dict(self._pending)
         if not self._lists:
             return ds.make_state("ShardLoader", self.workers, self._coming_epoch(), [], 0)
-        if ds.sized:
-            remaining = [encode_runs(lst[t:]) for lst, t in zip(self._lists, self._taken)]
-            next_worker = self._next_worker
+        if ds.sized:  # the layout of the epoch: the same on every rank (see shardflow.elastic)
+            remaining = ds.position(self._layout, self._lists[0][0] + sum(self._taken))
+            next_worker = 0
         else:  # by stream: worker w may continue another stream after a resume
             remaining = [0] * len(self._lists)
             for w, (lst, t) in enumerate(zip(self._lists, self._taken)):

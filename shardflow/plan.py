@@ -33,29 +33,29 @@ plus the declared padding (``partial="pad"``) or minus the declared drop.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
-import numpy.random  # noqa: F401 - numpy loads it on first use: here, not in each worker's first batch
 
 from .errors import ShardflowError
+from .mixing import Mixture, mixture_order
+from .order import Segment, buffer_shuffle_order, interleave, positions_to_segments, shard_order, shuffle_buffer
 from .world import World, stable_seed
-
-T = TypeVar("T")
 
 __all__ = [
     "ShuffleConfig",
     "SplitConfig",
     "Segment",
     "RankPlan",
+    "Mixture",
     "shard_order",
     "rank_share",
     "plan_epoch",
     "worker_batches",
     "cost_batches",
+    "split_to",
     "buffer_shuffle_order",
     "shuffle_buffer",
     "split_unsized",
@@ -136,18 +136,6 @@ class SplitConfig:
 
 
 @dataclass(frozen=True)
-class Segment:
-    """Samples ``[start, stop)`` of shard number ``shard`` (manifest order)."""
-
-    shard: int
-    start: int
-    stop: int
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-
-@dataclass(frozen=True)
 class RankPlan:
     """One rank's epoch: what it reads and in which order it yields.
 
@@ -165,6 +153,8 @@ class RankPlan:
             ``emit[b * batch_size : (b + 1) * batch_size]``.
         batch_ends: with cost batching, int64 array: batch ``b`` ends at
             ``emit`` position ``batch_ends[b]`` (exclusive); None otherwise.
+        quotas: in a weighted mixture, the rank's samples of each source this
+            epoch (:func:`shardflow.mixing.rank_quotas`); None otherwise.
     """
 
     samples: int
@@ -177,6 +167,7 @@ class RankPlan:
     read_sample: np.ndarray
     emit: np.ndarray
     batch_ends: np.ndarray | None = None
+    quotas: tuple[int, ...] | None = None
 
     def batch_positions(self, batches: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """Sizes of the given batches and their :attr:`emit` entries, concatenated in order."""
@@ -214,18 +205,6 @@ def worker_batches(num_batches: int, worker: int, num_workers: int, interleaved:
     if interleaved:
         return range(worker, num_batches, num_workers)
     return range(worker * num_batches // num_workers, (worker + 1) * num_batches // num_workers)
-
-
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Shard order of an epoch: a permutation of ``range(num_shards)``, int64.
-
-    Seeded by ``(seed, epoch)`` with SHA-256 (:func:`shardflow.world.stable_seed`),
-    so it is the same on every machine, rank and worker.
-    """
-    if not shuffle:
-        return np.arange(num_shards, dtype=np.int64)
-    rng = np.random.Generator(np.random.PCG64(stable_seed("shards", seed, epoch)))
-    return rng.permutation(num_shards).astype(np.int64)
 
 
 def _samples_per_rank(total: int, world_size: int, split: SplitConfig) -> int:
@@ -269,195 +248,29 @@ def rank_share(total: int, world_size: int, split: SplitConfig) -> tuple[int, in
     return n, nb, padding, dropped
 
 
-def _positions_to_segments(
-    counts: np.ndarray, first: int, stop: int, seed: int, epoch: int, shuffle: bool, endless: bool
-) -> list[Segment]:
-    """Map stream positions ``[first, stop)`` to shard segments.
-
-    One pass of the stream is every shard once, in the order of ``(seed, pass)``
-    (endless) or ``(seed, epoch)`` (one pass per epoch, positions past the end
-    wrapping to the start, i.e. padding).
-    """
-    total = int(counts.sum())
-    out: list[Segment] = []
-    pos = first
-    while pos < stop:
-        p, off = divmod(pos, total)
-        order = shard_order(len(counts), seed, p if endless else epoch, shuffle)
-        ends = np.cumsum(counts[order])
-        i = int(np.searchsorted(ends, off, side="right"))
-        while pos < stop and i < len(order):
-            shard_start = int(ends[i] - counts[order[i]])
-            lo = off - shard_start
-            take = min(int(counts[order[i]]) - lo, stop - pos)
-            if take > 0:
-                out.append(Segment(int(order[i]), lo, lo + take))
-                pos += take
-                off += take
-            i += 1
-    return out
-
-
-def shuffle_buffer(items: Iterable[T], buffer: int, seed: int, initial: int = 100) -> Iterator[T]:
-    """Pass items through a seeded shuffle buffer (the webdataset ``shuffle`` stage, made exact).
-
-    The buffer fills to ``min(initial, buffer)`` items before the first item
-    leaves; while it holds fewer than ``buffer``, each step reads two items and
-    emits one (so it grows by one per emitted item); once full, each step reads
-    one and emits one. An emitted item is chosen uniformly among the buffered
-    ones. At the end the rest leaves in random order. ``buffer <= 1``: items
-    pass unchanged. Same ``(items, buffer, seed, initial)``, same output.
-    """
-    if buffer <= 1:
-        yield from items
-        return
-    rand = random.Random(seed).random
-    initial = min(initial, buffer)
-    it = iter(items)
-    buf: list[T] = []
-    more = True
-    while True:
-        if more:
-            for _ in range(1 if len(buf) >= buffer - 1 else 2):
-                try:
-                    buf.append(next(it))
-                except StopIteration:
-                    more = False
-                    break
-            if more and len(buf) < initial:
-                continue
-        if not buf:
-            return
-        j = int(rand() * len(buf))
-        out = buf[j]
-        buf[j] = buf[-1]
-        buf.pop()
-        yield out
-
-
-def _steady_state(buf: list[int], first: int, n: int, picks: list[int], last: int) -> list[int]:
-    """Items emitted by the steady state of the buffer, computed with numpy (``buf`` updated).
-
-    Step ``t`` reads item ``first + t`` and picks slot ``picks[t]``: the pick ``last``
-    emits the new item itself; another emits what the slot holds (the item put there
-    by the slot's previous step, else its content before the steady state) and puts
-    the new item there. The same as the step-by-step loop, without a Python step
-    per item.
-    """
-    j = np.asarray(picks, dtype=np.int64)
-    new = np.arange(first, n, dtype=np.int64)
-    out = new.copy()
-    swap = np.flatnonzero(j != last)
-    if swap.size:
-        slots = j[swap]
-        order = np.argsort(slots, kind="stable")  # steps grouped by slot, in time order
-        by_slot, steps = slots[order], swap[order]
-        start = np.ones(len(steps), dtype=bool)
-        start[1:] = by_slot[1:] != by_slot[:-1]
-        held = np.asarray(buf, dtype=np.int64)
-        prev = np.empty(len(steps), dtype=np.int64)
-        prev[start] = held[by_slot[start]]  # a slot's first pick emits what it held
-        prev[~start] = new[steps[np.flatnonzero(~start) - 1]]  # later ones, the previous new item
-        out[steps] = prev
-        ends = np.append(np.flatnonzero(start)[1:], len(steps)) - 1
-        held[by_slot[ends]] = new[steps[ends]]  # what each slot holds at the end
-        buf[:] = held.tolist()
-    return out.tolist()
-
-
-def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> np.ndarray:
-    """Emission order of :func:`shuffle_buffer` over ``n`` items read in order.
-
-    Returns:
-        int64 array, a permutation of ``range(n)``; identity when ``buffer <= 1``.
-    """
-    if buffer <= 1 or n <= 1:
-        return np.arange(n, dtype=np.int64)
-    # shuffle_buffer(range(n), ...) written out for ints, 3x faster (it runs in every
-    # worker before its first batch): the filling and growing steps, then the steady
-    # state where the buffer holds `buffer - 1` items between steps
-    rand = random.Random(seed).random
-    initial = min(initial, buffer)
-    buf: list[int] = []
-    out: list[int] = []
-    emit = out.append
-    i = size = 0
-    while i < n and size < buffer - 1 or (size < initial and i < n):
-        buf.append(i)
-        i += 1
-        size += 1
-        if size < buffer and i < n:
-            buf.append(i)
-            i += 1
-            size += 1
-        if size < initial and i < n:
-            continue
-        j = int(rand() * size)
-        emit(buf[j])
-        buf[j] = buf[-1]
-        buf.pop()
-        size -= 1
-    if i < n:  # steady: each new item joins the `buffer - 1` held ones and one of the `buffer` leaves
-        out.extend(_steady_state(buf, i, n, [int(rand() * buffer) for _ in range(n - i)], buffer - 1))
-    while buf:
-        j = int(rand() * len(buf))
-        emit(buf[j])
-        buf[j] = buf[-1]
-        buf.pop()
-    return np.asarray(out, dtype=np.int64)
-
-
-def _interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read order that takes one sample from each of ``ways`` open segments in turn.
-
-    Round robin over the open segments; a segment that ends is replaced, at the
-    start of the next round, by the next one in order. Computed a stretch of
-    rounds at a time (until the next segment ends) with numpy: this runs in
-    every worker before its first batch.
-    """
-    if not segments:
-        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
-    if ways <= 1:
-        lengths = np.asarray([len(seg) for seg in segments], dtype=np.int64)
-        seg_ids = np.repeat(np.arange(len(segments), dtype=np.int32), lengths)
-        starts = np.asarray([seg.start for seg in segments], dtype=np.int64)
-        offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return seg_ids, np.repeat(starts, lengths) + offsets
-    seg_parts: list[np.ndarray] = []
-    sample_parts: list[np.ndarray] = []
-    pending = 0
-    active: list[list[int]] = []  # [segment id, next sample, samples left]
-    while pending < len(segments) or active:
-        while pending < len(segments) and len(active) < ways:
-            seg = segments[pending]
-            active.append([pending, seg.start, max(seg.stop - seg.start, 1)])
-            pending += 1
-        rounds = min(slot[2] for slot in active)
-        ids = np.asarray([slot[0] for slot in active], dtype=np.int32)
-        nxt = np.asarray([slot[1] for slot in active], dtype=np.int64)
-        seg_parts.append(np.tile(ids, rounds))
-        sample_parts.append((nxt[None, :] + np.arange(rounds, dtype=np.int64)[:, None]).ravel())
-        for slot in active:
-            slot[1] += rounds
-            slot[2] -= rounds
-        active = [slot for slot in active if slot[2] > 0]
-    return np.concatenate(seg_parts), np.concatenate(sample_parts)
-
-
 def _rank_order(
-    counts: np.ndarray, rank: int, world_size: int, seed: int, epoch: int, shuffle: ShuffleConfig, split: SplitConfig
-) -> tuple[list[Segment], np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int, int]]:
-    """Segments, read order and yield order of one rank's samples."""
+    counts: np.ndarray, rank: int, world_size: int, seed: int, epoch: int, shuffle: ShuffleConfig, split: SplitConfig,
+    mixture: Mixture | None = None,
+) -> tuple[list[Segment], np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int, int], tuple[int, ...] | None]:
+    """Segments, read order, yield order, share and (mixtures) per-source quotas of one rank's samples."""
     n, nb, padding, dropped = share = rank_share(int(counts.sum()), world_size, split)
-    used = n if split.max_cost is not None else min(n, nb * split.batch_size)
-    base = rank * n
-    endless = split.samples_per_epoch is not None
-    if endless:
-        base += epoch * world_size * n
-    segments = _positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
-    read_segment, read_sample = _interleave(segments, shuffle.interleave)
+    quotas = None
+    if mixture is not None:
+        if split.samples_per_epoch is None:
+            raise ShardflowError("a weighted mixture needs samples_per_epoch (the samples of each rank per epoch)")
+        segments, read_segment, read_sample, quotas = mixture_order(
+            counts, mixture, rank, world_size, n, seed, epoch, shuffle.shards, shuffle.interleave
+        )
+    else:
+        used = n if split.max_cost is not None else min(n, nb * split.batch_size)
+        base = rank * n
+        endless = split.samples_per_epoch is not None
+        if endless:
+            base += epoch * world_size * n
+        segments = positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
+        read_segment, read_sample = interleave(segments, shuffle.interleave)
     emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank), shuffle.initial)
-    return segments, read_segment, read_sample, emit, share
+    return segments, read_segment, read_sample, emit, share, quotas
 
 
 def cost_batches(costs: np.ndarray, max_cost: int, max_count: int) -> list[int]:
@@ -478,7 +291,7 @@ def cost_batches(costs: np.ndarray, max_cost: int, max_count: int) -> list[int]:
     return ends
 
 
-def _split_to(ends: list[int], target: int) -> list[int]:
+def split_to(ends: list[int], target: int) -> list[int]:
     """Split the batches with the most samples until there are ``target`` of them."""
     ends = list(ends)
     while len(ends) < target:
@@ -502,6 +315,7 @@ def plan_epoch(
     shuffle: ShuffleConfig,
     split: SplitConfig,
     costs: np.ndarray | None = None,
+    mixture: Mixture | None = None,
 ) -> RankPlan:
     """Plan one rank's epoch.
 
@@ -515,6 +329,8 @@ def plan_epoch(
         split: split options.
         costs: with ``split.max_cost``: int64 cost of every sample, shards
             concatenated in manifest order.
+        mixture: the sources and weights of a weighted mixture (needs
+            ``split.samples_per_epoch``; see :mod:`shardflow.mixing`), or None.
 
     Returns:
         The rank's plan. It does not depend on the DataLoader worker count:
@@ -524,8 +340,8 @@ def plan_epoch(
         ShardflowError: see :func:`rank_share`; or cost batching without costs.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    segments, read_segment, read_sample, emit, (n, nb, padding, dropped) = _rank_order(
-        counts, rank, world_size, seed, epoch, shuffle, split
+    segments, read_segment, read_sample, emit, (n, nb, padding, dropped), quotas = _rank_order(
+        counts, rank, world_size, seed, epoch, shuffle, split, mixture
     )
     batch_ends = None
     if split.max_cost is not None:
@@ -543,10 +359,10 @@ def plan_epoch(
             if r == rank:
                 per_rank.append(rank_ends(segments, read_segment, read_sample, emit))
             else:
-                other = _rank_order(counts, r, world_size, seed, epoch, shuffle, split)
+                other = _rank_order(counts, r, world_size, seed, epoch, shuffle, split, mixture)
                 per_rank.append(rank_ends(*other[:4]))
         target = max(len(e) for e in per_rank)
-        batch_ends = np.asarray(_split_to(per_rank[rank], target), dtype=np.int64)
+        batch_ends = np.asarray(split_to(per_rank[rank], target), dtype=np.int64)
         nb = target
     return RankPlan(
         samples=n,
@@ -559,6 +375,7 @@ def plan_epoch(
         read_sample=read_sample,
         emit=emit,
         batch_ends=batch_ends,
+        quotas=quotas,
     )
 
 

@@ -30,7 +30,7 @@ from .errors import (
 )
 from .format.tar import iter_samples
 from .plan import RankPlan
-from .source import Source
+from .source import ShardSet
 
 __all__ = ["ErrorPolicy", "read_planned", "emit_in_order", "read_shards", "select_fields", "decode", "apply_transform", "batched"]
 
@@ -163,7 +163,7 @@ def _from(items: Iterator[Any], start: int) -> Iterator[Any]:
             yield item
 
 
-def _size_check(source: Source, shard: int) -> Callable[[int], None] | None:
+def _size_check(source: ShardSet, shard: int) -> Callable[[int], None] | None:
     """A check of the shard's size against the manifest, made when the shard is
     opened: offsets into a replaced shard would cut samples in the wrong places,
     and a whole read of one would yield samples the manifest does not list."""
@@ -187,7 +187,7 @@ def _size_check(source: Source, shard: int) -> Callable[[int], None] | None:
 
 
 def _open_segment(
-    source: Source,
+    source: ShardSet,
     shard: int,
     start: int,
     stop: int,
@@ -200,6 +200,7 @@ def _open_segment(
     its size is checked against the manifest as it opens.
     """
     url = source.urls[shard]
+    io = source.options_for(shard, io)  # a source's own storage options
     check = _size_check(source, shard)
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
@@ -287,9 +288,10 @@ def _one_sample_lost(err: ShardflowError) -> bool:
     )
 
 
-def _open_shard(source: Source, shard: int, io: storage.IOOptions) -> _Opened:
+def _open_shard(source: ShardSet, shard: int, io: storage.IOOptions) -> _Opened:
     """All samples of one shard (no manifest); streaming starts at once."""
     url = source.urls[shard]
+    io = source.options_for(shard, io)
     raw = storage.open_chunks(url, 0, None, io)
     return _Opened(raw, iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield", limits=io.limits))
 
@@ -301,7 +303,7 @@ SEEK_GAP = 16  # unneeded samples read through rather than seeking over them (lo
 REMOTE_SEEK_BYTES = 4 << 20
 
 
-def _read_through(source: Source, shard: int) -> int:
+def _read_through(source: ShardSet, shard: int) -> int:
     """The largest gap of unneeded samples that a run of ``shard`` reads through."""
     if storage.is_local(source.urls[shard]):
         return SEEK_GAP
@@ -315,7 +317,7 @@ def _read_through(source: Source, shard: int) -> int:
 
 
 def _runs(
-    plan: RankPlan, positions: np.ndarray, source: Source, expand: int, gaps: dict[int, int] | None = None
+    plan: RankPlan, positions: np.ndarray, source: ShardSet, expand: int, gaps: dict[int, int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of needed samples: ``(segment, first, last)`` arrays, sorted by (segment, first).
 
@@ -364,7 +366,7 @@ def _run_of(plan: RankPlan, lo: int, hi: int, runs: tuple[np.ndarray, np.ndarray
 def read_planned(
     plan: RankPlan,
     needed: np.ndarray,
-    source: Source,
+    source: ShardSet,
     io: storage.IOOptions,
     policy: ErrorPolicy,
     offsets: Callable[[int], np.ndarray | None],
@@ -615,7 +617,7 @@ def emit_in_order(items: Iterator[tuple[int, Sample | None]], order: np.ndarray)
 
 
 def read_shards(
-    shard_ids: Sequence[int], source: Source, io: storage.IOOptions, policy: ErrorPolicy
+    shard_ids: Sequence[int], source: ShardSet, io: storage.IOOptions, policy: ErrorPolicy
 ) -> Iterator[Sample | None]:
     """Read whole shards in order (no manifest): every sample, errors per policy.
 

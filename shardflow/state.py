@@ -6,13 +6,18 @@ A state is a plain dict (JSON-able, picklable) with constant keys
 - ``kind``: ``"ShardDataset"`` (iterated directly) or ``"ShardLoader"``.
 - ``version``: :data:`STATE_VERSION`; another version is refused.
 - ``epoch``: the epoch the state resumes.
-- ``remaining``: what is left of that epoch, per stream (``[]``: nothing read yet,
-  the epoch starts afresh). Sized: runs ``[start, stop)`` of batch numbers per
-  worker; unsized: the units each worker stream has passed.
-- ``next_worker``: the stream the DataLoader takes the next batch from.
+- ``remaining``: where that epoch stands (``[]``: nothing read yet, the epoch
+  starts afresh). With a manifest, the epoch's *layout*: ``[[W0, k0], [W1, k1],
+  ...]``, the world sizes it ran on and the steps (batches of every rank; samples
+  for a dataset iterated directly) taken on each (:mod:`shardflow.elastic`); the
+  same on every rank, so a state saved on one rank loads on all, at any world
+  size and worker count. Without a manifest: the units each worker stream has
+  passed (same rank, world size and worker count needed).
+- ``next_worker``: unsized: the stream the DataLoader takes the next batch from
+  (0 with a manifest, where the batch order does not depend on the workers).
 - ``config``: the configuration the position is valid for (shards, seed, shuffle,
-  split, batch size, world); :func:`check_state` compares it with the loading
-  object's and names every difference.
+  split, batch size; the world it was saved by); :func:`check_state` compares it
+  with the loading object's and names every difference.
 """
 
 from __future__ import annotations
@@ -27,49 +32,53 @@ __all__ = [
     "STATE_VERSION",
     "STATE_KEYS",
     "ResumePoint",
-    "encode_runs",
-    "decode_runs",
+    "parse_layout",
     "build_state",
     "check_state",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 STATE_KEYS = ("kind", "version", "epoch", "remaining", "next_worker", "config")
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where the next iteration resumes: the remaining units per worker.
+    """Where the next iteration resumes.
 
     Attributes:
         epoch: the epoch being resumed.
-        assignment: sized: ``assignment[w]`` lists the batch numbers worker
-            ``w`` still yields, in order.
+        layout: sized: the earlier ``(world size, steps)`` stages of the epoch,
+            whose remaining samples the current world's plan shares out (empty:
+            the epoch's own plan; see :mod:`shardflow.elastic`).
+        step: sized: batches of the current plan already taken (every rank alike).
         skip: unsized: ``skip[w]`` counts the units worker ``w`` skips.
         streams: unsized: ``streams[w]`` is the stream (worker position of the
             saved run: its shards and shuffle seed) that worker ``w`` continues.
     """
 
     epoch: int
-    assignment: tuple[tuple[int, ...], ...]
+    layout: tuple[tuple[int, int], ...] = ()
+    step: int = 0
     skip: tuple[int, ...] = ()
     streams: tuple[int, ...] = ()
 
 
-def encode_runs(ids: Sequence[int]) -> list[list[int]]:
-    """Compress an ordered list of ints into ``[start, stop)`` runs (for a compact state)."""
-    out: list[list[int]] = []
-    for i in ids:
-        if out and out[-1][1] == i:
-            out[-1][1] = i + 1
-        else:
-            out.append([int(i), int(i) + 1])
-    return out
+def parse_layout(remaining: Any, kind: str) -> list[tuple[int, int]]:
+    """The ``[[world size, steps], ...]`` layout of a sized state, validated.
 
-
-def decode_runs(runs: Sequence[Sequence[int]]) -> list[int]:
-    """The ints of :func:`encode_runs` runs, in order."""
-    return [i for a, b in runs for i in range(int(a), int(b))]
+    Raises:
+        StateError: not a list of ``[world size >= 1, steps >= 0]`` pairs.
+    """
+    ok = isinstance(remaining, (list, tuple)) and all(
+        isinstance(e, (list, tuple)) and len(e) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in e)
+        and e[0] >= 1 and e[1] >= 0 for e in remaining
+    )
+    if not ok:
+        raise StateError(
+            f"{kind} state_dict: 'remaining' must list [world_size, steps] pairs for a dataset with a manifest, "
+            f"got {remaining!r} (a state saved by an older shardflow, or without a manifest?)"
+        )
+    return [(int(w), int(k)) for w, k in remaining]
 
 
 def build_state(kind: str, epoch: int, remaining: list[Any], next_worker: int, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_skip_drops_whole_samples_and_counts_each_reason(tmp_path, sized):
     assert ds.sized is sized
     samples = list(ds)
     assert [s["__key__"] for s in samples] == GOOD_KEYS
-    assert all(sorted(s) == ["__key__", "__url__", "cls", "jpg"] and s["jpg"].shape == (32, 32, 3) for s in samples)
+    assert all(sorted(s) == ["__key__", "__source__", "__url__", "cls", "jpg"] and s["jpg"].shape == (32, 32, 3) for s in samples)
     assert dict(ds.stats) == EXPECTED_STATS
 
 

@@ -133,7 +133,7 @@ def test_dataset_from_config_yields_the_same_samples(images: Path, tmp_path: Pat
     got = [plain(s) for s in from_cfg]
     want = [plain(s) for s in direct]
     assert len(got) == N and got == want
-    assert set(got[0]) == {"__key__", "__url__", "jpg", "cls"}
+    assert set(got[0]) == {"__key__", "__url__", "__source__", "jpg", "cls"}
     assert [s["__key__"] for s in got] != sorted(s["__key__"] for s in got)  # really shuffled
     # overrides: a config key changes the config, other arguments pass through to ShardDataset
     reseeded = [plain(s) for s in dataset_from_config(path, seed=12)]

@@ -129,7 +129,7 @@ def test_c09_missing_field_raise_and_skip(tmp_path):
     ds = shardflow.ShardDataset([url], decode=None, fields=("jpg", "cls"), on_error="skip")
     assert [s["__key__"] for s in ds] == ["s0", "s2"]
     assert ds.stats["skipped"] == 2 and ds.stats["missing_field"] == 2
-    assert sorted(next(iter(ds))) == ["__key__", "__url__", "cls", "jpg"]
+    assert sorted(next(iter(ds))) == ["__key__", "__source__", "__url__", "cls", "jpg"]
 
 
 def test_c09_field_no_sample_has_fails_fast(tmp_path):
@@ -237,7 +237,7 @@ def test_cut_on_a_member_boundary_is_truncation_not_a_partial_sample(tmp_path):
     with pytest.raises(TruncatedShardError, match="without the tar end-of-archive marker"):
         list(shardflow.ShardDataset([url], decode=None))
     ds = shardflow.ShardDataset([url], decode=None, on_error="skip")
-    assert [(s["__key__"], sorted(s)) for s in ds] == [(f"{i:06d}", ["__key__", "__url__", "cls", "jpg"]) for i in range(2)]
+    assert [(s["__key__"], sorted(s)) for s in ds] == [(f"{i:06d}", ["__key__", "__source__", "__url__", "cls", "jpg"]) for i in range(2)]
     assert ds.stats["truncated_shard"] == 1
 
 

@@ -15,7 +15,7 @@ SAMPLES = [
 
 
 def raw(sample):
-    return {k: v for k, v in sample.items() if k not in ("__url__", "__local_path__")}
+    return {k: v for k, v in sample.items() if k not in ("__url__", "__source__", "__local_path__")}
 
 
 def test_webdataset_reads_shardflow_shards(tmp_path):

@@ -157,20 +157,32 @@ def _epoch(make: Callable[[], Any], epoch: int) -> list[Any]:
     return list(ld)
 
 
-def test_c11_changed_world_size_raises(c11: Path) -> None:
+def test_c11_changed_world_size_resumes_exactly(c11: Path) -> None:
+    """C11: "a changed world size either resumes exactly or raises". It resumes (elastic, see
+    tests/test_elastic.py): the batches one rank had not taken, shared over two, each sample once."""
+    record = [canonical(b) for b in loader_maker(c11)()]
     ld = loader_maker(c11)()
     it = iter(ld)
-    next(it)
+    head = [canonical(next(it)) for _ in range(5)]
     state = ld.state_dict()
     del it
-    other = loader_maker(c11, rank=0, world_size=2)()
-    with pytest.raises(StateError, match=r"world_size: saved 1, now 2"):
+    rest = []
+    for rank in range(2):
+        other = loader_maker(c11, rank=rank, world_size=2)()
         other.load_state_dict(state)
-    ds = ShardDataset(c11, shuffle=C11_SHUFFLE, rank=1, world_size=2)
-    direct = ShardDataset(c11, shuffle=C11_SHUFFLE)
-    next(iter(direct))
-    with pytest.raises(StateError, match="world_size"):
+        assert len(other) == 10  # 80 samples left: 40 per rank, 10 batches of 4
+        rest += [canonical(b) for b in other]
+    assert Counter(flat_keys(head + rest)) == Counter(flat_keys(record))
+    direct = ShardDataset(c11, shuffle=C11_SHUFFLE, decode=None)
+    it2 = iter(direct)
+    taken = [next(it2)["__key__"] for _ in range(7)]
+    left = []
+    for rank in range(2):
+        ds = ShardDataset(c11, shuffle=C11_SHUFFLE, rank=rank, world_size=2, decode=None)
         ds.load_state_dict(direct.state_dict())
+        left += [s["__key__"] for s in ds]
+    assert len(left) == 94 and sorted(set(taken + left)) == [sample_key(i) for i in range(100)]  # 93 left: 1 padded
+    assert Counter(taken + left).most_common(2)[1][1] == 1 and left[-1] == left[0]  # the padding: the first one again
 
 
 @pytest.mark.parametrize(

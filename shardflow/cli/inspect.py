@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "shards are scanned). Class counts come from meta['class_counts'] when the manifest has them, "
         "else from the samples' label field; graph statistics from decoding the 'pyg' fields.",
     )
-    parser.add_argument("url", help="dataset folder, manifest URL, shard pattern or URL")
+    parser.add_argument("url", help="dataset folder, manifest URL, shard pattern or URL, or a pipeline config "
+                        "(.yaml) whose list of sources and weights is shown as a mixture")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON with exact counts")
     parser.add_argument("--keys", type=int, default=10, metavar="N", help="first keys to list (default 10)")
     parser.add_argument("--label", default="cls", help="field holding class labels (default cls)")
@@ -44,10 +45,16 @@ def run(args: argparse.Namespace) -> int:
     from .convert import storage_options
 
     io = IOOptions(storage_options=storage_options(args.storage_option))
-    with progress_bar("scanning", total=total_samples(args.url, io), unit="sample") as update:
+    source, per_epoch = args.url, None
+    if str(args.url).endswith((".yaml", ".yml")):  # a pipeline config: its sources (a union or a mixture)
+        from ..config import dataset_from_config
+
+        ds = dataset_from_config(args.url)
+        source, per_epoch, io = ds.source, ds.samples_per_epoch, ds.io
+    with progress_bar("scanning", total=total_samples(source, io), unit="sample") as update:
         info = summarize(
-            args.url, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,
-            workers=args.workers, io=io, progress=update,
+            source, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,
+            workers=args.workers, io=io, progress=update, samples_per_epoch=per_epoch,
         )
     if args.json:
         print(json.dumps(info, indent=1, ensure_ascii=False))
@@ -70,6 +77,14 @@ def format_summary(info: dict[str, Any]) -> str:
     src = info["source"] if isinstance(info["source"], str) else f"{len(info['source'])} URLs"
     where = f"manifest {info['manifest']}" if info["manifest"] else "no manifest: counts from a scan of the shards"
     lines.append(f"dataset   {src}  ({where})")
+    if len(info.get("sources") or []) > 1 or any(p["weight"] for p in info.get("sources") or []):
+        weighted = any(p["weight"] for p in info["sources"])
+        lines.append(f"sources   {len(info['sources'])} ({'a weighted mixture' if weighted else 'a union'}; "
+                     "samples carry __source__)")
+        for i, p in enumerate(info["sources"]):
+            mix = f"  weight {p['weight']:g}" if p["weight"] else ""
+            quota = f"  quota {p['quota']:,} per epoch" if p["quota"] is not None else ""
+            lines.append(f"  {i}  {p['label']}  {p['shards']:,} shards, {_n(p['samples'])} samples{mix}{quota}")
     samples = _n(info["samples"])
     per = ""
     if info["samples"] and info["shards"]:

@@ -8,14 +8,14 @@ from typing import Any
 
 from .. import storage
 from ..format.tar import iter_samples
-from ..source import Source, resolve_source
+from ..source import ShardSet, resolve_source
 
 __all__ = ["head"]
 
 
 
 def head(
-    source: str | os.PathLike | Sequence[str] | Source,
+    source: str | os.PathLike | Sequence[str] | ShardSet,
     n: int = 10,
     *,
     spread: bool = False,
@@ -25,7 +25,7 @@ def head(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.Source`.
+            :class:`~shardflow.source.ShardSet`.
         n: number of samples (fewer when the dataset is smaller).
         spread: pick samples evenly spaced over the whole dataset (needs sample
             counts from a manifest; without one the first ``n`` are taken).
@@ -39,7 +39,7 @@ def head(
         ShardFormatError, SampleError, RemoteReadError: a shard read is unreadable.
     """
     io = io or storage.IOOptions()
-    src = source if isinstance(source, Source) else resolve_source(source, io)
+    src = source if isinstance(source, ShardSet) else resolve_source(source, io)
     if n <= 0:
         return []
     counts = src.counts
@@ -60,7 +60,7 @@ def head(
     return out
 
 
-def _spread(src: Source, n: int, io: storage.IOOptions) -> list[dict[str, Any]]:
+def _spread(src: ShardSet, n: int, io: storage.IOOptions) -> list[dict[str, Any]]:
     counts = src.counts
     total = int(counts.sum())
     wanted = sorted({(i * total) // n for i in range(n)})

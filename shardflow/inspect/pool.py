@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..format.keys import codec_extension
-from ..source import Source
+from ..source import ShardSet
 
 __all__ = ["Progress", "Ticker", "default_workers", "map_shards", "preload"]
 
@@ -64,7 +64,7 @@ def _drain(q: Any, progress: Progress | None) -> None:
 _BYTES_PER_WORKER = 32 << 20  # by default, one more process per this many shard bytes
 
 
-def default_workers(src: Source) -> int:
+def default_workers(src: ShardSet) -> int:
     """CPU count, fewer for small datasets (a process costs more than it saves there)."""
     cpus = os.cpu_count() or 1
     m = src.manifest
@@ -73,7 +73,7 @@ def default_workers(src: Source) -> int:
     return cpus
 
 
-def preload(src: Source, workers: int) -> None:
+def preload(src: ShardSet, workers: int) -> None:
     """Import the graph codec's dependencies once before worker processes fork."""
     m = src.manifest
     if workers > 1 and m is not None and any(codec_extension(f) == "pyg" for f in m.fields):

@@ -14,7 +14,8 @@ from ..codecs import DecodeOptions, decode_field
 from ..errors import SampleError, ShardflowError
 from ..format.keys import codec_extension
 from ..format.tar import iter_samples
-from ..source import resolve_source
+from ..mixing import epoch_quotas
+from ..source import ShardSet, resolve_source
 from .chunks import HashingChunks, strip_url
 from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs
 from .peek import head
@@ -124,6 +125,21 @@ def _label_sort(label: Any) -> tuple[int, Any]:
     return (0, label) if isinstance(label, int) else (1, str(label))
 
 
+def _sources_info(src: ShardSet, samples_per_epoch: int | None) -> list[dict[str, Any]]:
+    """Each source of the dataset: shards, samples, weight and (weighted) its quota per epoch."""
+    counts = src.counts
+    weights = src.weights
+    quotas = epoch_quotas(weights, samples_per_epoch) if weights and samples_per_epoch else None
+    out = []
+    for i, p in enumerate(src.parts):
+        out.append({
+            "label": p.label, "shards": p.stop - p.start,
+            "samples": int(counts[p.start : p.stop].sum()) if counts is not None else None,
+            "weight": p.weight, "manifest": p.manifest_url, "quota": quotas[i] if quotas else None,
+        })
+    return out
+
+
 def summarize(
     source: str | os.PathLike | Sequence[str],
     *,
@@ -134,6 +150,7 @@ def summarize(
     workers: int | None = None,
     io: storage.IOOptions | None = None,
     progress: Progress | None = None,
+    samples_per_epoch: int | None = None,
 ) -> dict[str, Any]:
     """Describe a dataset.
 
@@ -155,6 +172,8 @@ def summarize(
             dataset under 32 MiB a process; 1 scans in this process).
         io: storage options.
         progress: ``progress(n)``, called as samples are scanned.
+        samples_per_epoch: for a weighted mixture, the samples per epoch (of
+            one rank) to compute the sources' quotas for.
 
     Returns:
         A JSON-ready dict:
@@ -170,6 +189,9 @@ def summarize(
           ``node_types`` and ``edge_types`` (``"src|rel|dst"``) with the same
           statistics for ``HeteroData``, ``attributes`` of the first ``Data``;
         - ``first_keys``; ``meta`` (the manifest's, or ``{}``);
+        - ``sources``: per source ``label``, ``shards``, ``samples`` (None when
+          unknown), ``weight``, ``manifest``, and with weights and
+          ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.mixing`);
         - ``errors``: shards that could not be read while scanning, and counts
           that disagree with the manifest (run :func:`verify` for details).
 
@@ -190,7 +212,8 @@ def summarize(
     if scan is None:
         scan = m is None or (has_label and meta_counts is None) or has_graphs
     out: dict[str, Any] = {
-        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else list(source),
+        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else [p.label for p in src.parts],
+        "sources": _sources_info(src, samples_per_epoch),
         "manifest": m.url if m is not None else None,
         "scanned": bool(scan),
         "shards": len(src.urls),
