@@ -23,7 +23,17 @@ from .elastic import redistribute
 from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, SourceError, StateError
 from .expand import Expand
 from .mixing import Mixture
-from .plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, shuffle_buffer, split_unsized, worker_batches
+from .plan import (
+    RankPlan,
+    ShuffleConfig,
+    SplitConfig,
+    cost_budgets,
+    plan_epoch,
+    rank_share,
+    shuffle_buffer,
+    split_unsized,
+    worker_batches,
+)
 from .source import ShardSet, SourcePart, resolve_source
 from .state import STATE_VERSION, ResumePoint, build_state, check_state, parse_layout
 from .transforms import map_fields
@@ -43,15 +53,39 @@ class Batching:
         batch_size: samples per batch.
         drop_last: drop each rank's last incomplete batch.
         collate: ``collate(list of samples) -> batch``, run in the workers.
-        max_cost: batch by summed ``cost`` instead of count (None: by count).
-        cost: the per-sample size column to sum (``"num_nodes"``, ``"num_edges"``).
+        max_cost: batch by summed ``cost`` instead of count (None: by count): an
+            int, or a mapping of size columns to budgets (see
+            :func:`shardflow.plan.cost_budgets`).
+        cost: the per-sample size column an int ``max_cost`` sums (``"num_nodes"``, ``"num_edges"``).
+
+    Raises:
+        TypeError, ValueError: a ``max_cost``/``cost`` that is not allowed (the message says what is).
     """
 
     batch_size: int
     drop_last: bool
     collate: Callable[[list[Any]], Any]
-    max_cost: int | None = None
+    max_cost: int | Mapping[str, int] | None = None
     cost: str = "num_nodes"
+    budgets: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        budgets = cost_budgets(self.max_cost, self.cost)
+        if budgets is not None and self.drop_last:
+            raise ValueError("max_cost cannot be combined with drop_last (cost batches have no fixed size to drop)")
+        object.__setattr__(self, "budgets", budgets)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The size columns batched by (empty when batching by count)."""
+        return self.budgets[0] if self.budgets is not None else ()
+
+    @property
+    def budget(self) -> tuple[int, ...] | None:
+        """One budget per :attr:`columns`, or None when batching by count."""
+        return self.budgets[1] if self.budgets is not None else None
 
 
 @dataclass
@@ -194,7 +228,7 @@ class ShardDataset(IterableDataset):
         self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
-        self._cost_cache: tuple[str, np.ndarray] | None = None
+        self._cost_cache: tuple[tuple[str, ...], np.ndarray] | None = None
         # shared with DataLoader workers (also persistent ones): [epoch, iterations per worker...]
         self._control = torch.zeros(1 + _MAX_WORKERS, dtype=torch.int64).share_memory_()
         self._progress: list[Any] | None = None
@@ -286,19 +320,20 @@ class ShardDataset(IterableDataset):
             batch_size=b.batch_size,
             drop_last=b.drop_last,
             samples_per_epoch=self._split.samples_per_epoch,
-            max_cost=b.max_cost,
+            max_cost=b.budget,
         )
 
     def _costs(self) -> np.ndarray | None:
-        """Per-item costs (the loader's cost column), items in manifest order; None unless batching by cost."""
+        """Per-item costs, int64 of shape (items, columns) (the loader's cost columns),
+        items in manifest order; None unless batching by cost."""
         b = self._batching
-        if b is None or b.max_cost is None:
+        if b is None or b.budget is None:
             return None
-        if self._cost_cache is None or self._cost_cache[0] != b.cost:
-            costs = self.source.load_costs(b.cost, self.io)
+        if self._cost_cache is None or self._cost_cache[0] != b.columns:
+            costs = np.stack([self.source.load_costs(c, self.io) for c in b.columns], axis=1)
             if self.expand is not None:
-                costs = np.repeat(costs, self.expand.count)
-            self._cost_cache = (b.cost, costs)
+                costs = np.repeat(costs, self.expand.count, axis=0)
+            self._cost_cache = (b.columns, costs)
         return self._cost_cache[1]
 
     def _item_counts(self) -> np.ndarray | None:
@@ -449,6 +484,7 @@ class ShardDataset(IterableDataset):
             "samples_per_epoch": split.samples_per_epoch,
             "batch_size": split.batch_size,
             "drop_last": split.drop_last,
+            "max_cost": [list(x) for x in zip(*self._batching.budgets)] if self._batching and self._batching.budgets else None,
             "world_size": world.world_size,
             "rank": world.rank,
             "num_workers": num_workers,

@@ -90,7 +90,8 @@ def redistribute(
     per_rank = []
     for r in range(world_size):
         p = plan if r == rank else _build(old, shares[r], m, padding, dropped, split)
-        per_rank.append(cost_batches(_plan_costs(old, shares[r], costs_of), split.max_cost, split.batch_size) if len(p.emit) else [])
+        costs = _plan_costs(old, shares[r], costs_of)
+        per_rank.append(cost_batches(costs, split.max_cost, split.batch_size) if len(p.emit) else [])
     target = max((len(e) for e in per_rank), default=0)
     ends = np.asarray(split_to(per_rank[rank], target), dtype=np.int64) if target else np.zeros(0, np.int64)
     return RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
@@ -140,10 +141,17 @@ def _build(old: Sequence[RankPlan], items: list[tuple[int, int, int]], m: int, p
 
 
 def _plan_costs(old: Sequence[RankPlan], items: list[tuple[int, int, int]], costs_of: Callable[[RankPlan, np.ndarray], np.ndarray]) -> np.ndarray:
-    out = np.zeros(len(items), dtype=np.int64)
+    """Costs of the items, in order: shape (items,) or (items, columns) as ``costs_of`` gives them."""
+    parts: dict[int, tuple[list[int], np.ndarray]] = {}
     by_rank: dict[int, list[int]] = {}
     for j, (o, _, _) in enumerate(items):
         by_rank.setdefault(o, []).append(j)
     for o, js in by_rank.items():
-        out[js] = costs_of(old[o], np.asarray([items[j][2] for j in js], dtype=np.int64))
+        parts[o] = (js, costs_of(old[o], np.asarray([items[j][2] for j in js], dtype=np.int64)))
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    sample = next(iter(parts.values()))[1]
+    out = np.zeros((len(items), *sample.shape[1:]), dtype=np.int64)
+    for js, c in parts.values():
+        out[js] = c
     return out

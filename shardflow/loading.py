@@ -49,7 +49,7 @@ class ShardLoader:
         prefetch_factor: int | None = None,
         multiprocessing_context: Any = None,
         timeout: float = 0,
-        max_cost: int | None = None,
+        max_cost: int | Mapping[str, int] | None = None,
         cost: str = "num_nodes",
     ) -> None:
         if not isinstance(dataset, ShardDataset):
@@ -63,8 +63,6 @@ class ShardLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
-        if max_cost is not None and (max_cost < 1 or drop_last):
-            raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
         dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost))
         if drop_last and num_workers > 1 and not dataset.sized:
             log.warning(
@@ -279,7 +277,7 @@ def loader(
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
     timeout: float = 0,
-    max_cost: int | None = None,
+    max_cost: int | Mapping[str, int] | None = None,
     cost: str = "num_nodes",
 ) -> ShardLoader:
     """Build a :class:`ShardLoader`: a DataLoader with the right settings.
@@ -302,8 +300,12 @@ def loader(
             ``batch_size`` samples); for graph datasets whose sizes vary by
             orders of magnitude. Every rank still yields the same number of
             batches (see :class:`~shardflow.plan.SplitConfig`).
-        cost: the per-sample size to sum, a column of the manifest's sizes
-            index: ``"num_nodes"`` or ``"num_edges"`` for graph shards.
+            Several budgets at once: a mapping of size columns to budgets,
+            ``max_cost={"num_nodes": 20000, "num_edges": 80000}``; a batch then
+            stays within every one of them.
+        cost: the per-sample size an int ``max_cost`` sums, a column of the
+            manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
+            shards.
 
     Returns:
         The loader; iterate it, ``len()`` it, ``state_dict()`` it.

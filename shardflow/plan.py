@@ -33,9 +33,9 @@ plus the declared padding (``partial="pad"``) or minus the declared drop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,6 +55,7 @@ __all__ = [
     "plan_epoch",
     "worker_batches",
     "cost_batches",
+    "cost_budgets",
     "split_to",
     "buffer_shuffle_order",
     "shuffle_buffer",
@@ -113,7 +114,8 @@ class SplitConfig:
         max_cost: batch by cost instead of count: consecutive samples join a
             batch while their summed cost (for graphs: nodes or edges) stays
             within ``max_cost`` (a sample costlier than that gets a batch of
-            its own), up to ``batch_size`` samples. Every rank still yields the
+            its own), up to ``batch_size`` samples. An int (one cost) or a
+            tuple of ints, one budget per cost column, each respected. Every rank still yields the
             same number of batches: ranks with fewer batches split their
             largest ones. Needs per-sample costs from the manifest.
     """
@@ -122,11 +124,13 @@ class SplitConfig:
     batch_size: int = 1
     drop_last: bool = False
     samples_per_epoch: int | None = None
-    max_cost: int | None = None
+    max_cost: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.max_cost is not None and (self.max_cost < 1 or self.drop_last):
-            raise ValueError("max_cost must be >= 1 and cannot be combined with drop_last")
+        if self.max_cost is not None:
+            budgets = self.max_cost if isinstance(self.max_cost, tuple) else (self.max_cost,)
+            if not budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in budgets) or self.drop_last:
+                raise ValueError(f"max_cost must be >= 1 (one int per cost) and cannot be combined with drop_last, got {self.max_cost!r}")
         if self.partial not in ("pad", "drop"):
             raise ValueError(f"partial must be 'pad' or 'drop', got {self.partial!r}")
         if self.batch_size < 1:
@@ -273,13 +277,77 @@ def _rank_order(
     return segments, read_segment, read_sample, emit, share, quotas
 
 
-def cost_batches(costs: np.ndarray, max_cost: int, max_count: int) -> list[int]:
+def cost_batches(costs: np.ndarray, max_cost: int | Sequence[int], max_count: int) -> list[int]:
     """Greedy batch ends over a cost sequence: a batch takes samples while the
-    summed cost stays within ``max_cost`` and its size within ``max_count``."""
+    summed cost stays within ``max_cost`` and its size within ``max_count``.
+
+    ``costs``: int64, shape (n,) for one cost, or (n, C) with ``max_cost`` a
+    sequence of C budgets, every one of which a batch respects (a sample over a
+    budget on its own gets a batch of its own)."""
+    if costs.ndim == 1:
+        costs = costs[:, None]
+    budgets = [int(max_cost)] if isinstance(max_cost, (int, np.integer)) else [int(b) for b in max_cost]
+    if costs.shape[1] != len(budgets):
+        raise ValueError(f"{costs.shape[1]} cost columns for {len(budgets)} budgets")
+    if len(budgets) == 1:  # the common case, without the per-column loop
+        return _one_budget(costs[:, 0].tolist(), budgets[0], max_count)
+    ends: list[int] = []
+    totals = [0] * len(budgets)
+    count = 0
+    pairs = list(zip(range(len(budgets)), budgets))
+    for i, row in enumerate(costs.tolist()):
+        if count and (count >= max_count or any(totals[j] + row[j] > b for j, b in pairs)):
+            ends.append(i)
+            totals = [0] * len(budgets)
+            count = 0
+        for j in range(len(budgets)):
+            totals[j] += row[j]
+        count += 1
+    if count:
+        ends.append(len(costs))
+    return ends
+
+
+def cost_budgets(max_cost: Any, cost: Any = "num_nodes") -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    """Normalize the loader's ``max_cost``/``cost`` into ``(columns, budgets)``.
+
+    Args:
+        max_cost: None (batch by count), an int >= 1 (a budget for the column
+            ``cost``), or a mapping of size columns to budgets, e.g.
+            ``{"num_nodes": 20000, "num_edges": 80000}``: every budget is respected.
+        cost: the column of an int ``max_cost`` (``"num_nodes"``, ``"num_edges"``).
+
+    Raises:
+        TypeError: ``max_cost`` or ``cost`` of another type (the message says what is allowed).
+        ValueError: a budget below 1, or an empty mapping.
+    """
+    allowed = ("max_cost must be None, an int >= 1 (a budget of the size column named by cost=, e.g. 'num_nodes' "
+               "or 'num_edges'), or a mapping of size columns to int budgets, e.g. {'num_nodes': 20000, 'num_edges': 80000}")
+    if max_cost is None:
+        return None
+    if isinstance(max_cost, Mapping):
+        items = list(max_cost.items())
+        if not items:
+            raise ValueError(f"{allowed}; got an empty mapping")
+    elif isinstance(max_cost, (int, np.integer)) and not isinstance(max_cost, bool):
+        if not isinstance(cost, str) or not cost:
+            raise TypeError(f"cost must name a size column (e.g. 'num_nodes' or 'num_edges'), got {cost!r}")
+        items = [(cost, max_cost)]
+    else:
+        raise TypeError(f"{allowed}; got {max_cost!r}")
+    for name, budget in items:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{allowed}; got the column {name!r}")
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ValueError(f"{allowed}; got {budget!r} for {name!r}")
+    return tuple(n for n, _ in items), tuple(int(b) for _, b in items)
+
+
+def _one_budget(costs: list[int], max_cost: int, max_count: int) -> list[int]:
     ends: list[int] = []
     total = 0
     count = 0
-    for i, c in enumerate(costs.tolist()):
+    for i, c in enumerate(costs):
         if count and (total + c > max_cost or count >= max_count):
             ends.append(i)
             total = 0
@@ -328,7 +396,7 @@ def plan_epoch(
         shuffle: shuffling options.
         split: split options.
         costs: with ``split.max_cost``: int64 cost of every sample, shards
-            concatenated in manifest order.
+            concatenated in manifest order; shape (N,) or (N, C), one column per budget.
         mixture: the sources and weights of a weighted mixture (needs
             ``split.samples_per_epoch``; see :mod:`shardflow.mixing`), or None.
 
@@ -352,7 +420,7 @@ def plan_epoch(
         def rank_ends(segs: list[Segment], rseg: np.ndarray, rsmp: np.ndarray, em: np.ndarray) -> list[int]:
             shard_of = np.asarray([sg.shard for sg in segs], dtype=np.int64)
             idx = starts[shard_of[rseg]] + rsmp if len(segs) else np.zeros(0, np.int64)
-            return cost_batches(costs[idx[em]], split.max_cost or 0, split.batch_size)
+            return cost_batches(costs[idx[em]], split.max_cost or 0, split.batch_size)  # type: ignore[arg-type]
 
         per_rank = []
         for r in range(world_size):

@@ -96,3 +96,57 @@ def test_sizes_index_with_subclasses_and_non_graph_samples(tmp_path):
     costs = shardflow.ShardDataset(str(tmp_path)).source
     assert costs.load_costs("num_nodes", shardflow.IOOptions()).tolist() == [0, 3, 5]
     assert costs.load_costs("num_edges", shardflow.IOOptions()).tolist() == [0, 3, 7]
+
+
+def test_cost_batches_with_several_budgets():
+    costs = np.array([[5, 1], [5, 1], [1, 9], [1, 1], [20, 0], [1, 30]])
+    # nodes <= 10 and edges <= 10: [5,1]+[5,1] ok, +[1,9] breaks nodes; [1,9]+[1,1] hits 10 edges; ...
+    assert cost_batches(costs, (10, 10), 100) == [2, 4, 5, 6]
+    assert cost_batches(costs, (100, 100), 3) == [3, 6]
+    assert cost_batches(costs[:, 0], 10, 100) == cost_batches(costs[:, :1], (10,), 100) == [2, 4, 5, 6]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_node_and_edge_budgets_at_once(skewed, world_size):
+    folder, sizes = skewed
+    budgets = {"num_nodes": 500, "num_edges": 450}
+    counts, keys = [], []
+    for rank in range(world_size):
+        ds = shardflow.ShardDataset(folder, shuffle=True, seed=2, rank=rank, world_size=world_size)
+        loader = shardflow.loader(ds, batch_size=64, max_cost=budgets, num_workers=2 if rank == 1 else 0)
+        planned = len(loader)  # this epoch's (cost batches: the count depends on the order)
+        batches = list(loader)
+        assert len(batches) == planned
+        counts.append(len(batches))
+        for b in batches:
+            g = b["graph.pyg"]
+            assert (g.num_nodes <= 500 and g.num_edges <= 450) or len(b["__key__"]) == 1
+            keys += b["__key__"]
+    assert len(set(counts)) == 1  # ranks in step
+    assert sorted(set(keys)) == sorted(f"g{i:03d}" for i in range(90))
+    nodes_only = shardflow.loader(shardflow.ShardDataset(folder, shuffle=True, seed=2), batch_size=64, max_cost=500)
+    both = shardflow.loader(shardflow.ShardDataset(folder, shuffle=True, seed=2), batch_size=64, max_cost=budgets)
+    assert len(both) > len(nodes_only)  # the edge budget binds too
+
+
+@pytest.mark.parametrize(
+    "max_cost, cost, error, match",
+    [
+        ("500", "num_nodes", TypeError, r"max_cost must be None, an int >= 1 .* or a mapping of size columns"),
+        (0, "num_nodes", ValueError, r"got 0 for 'num_nodes'"),
+        ({}, "num_nodes", ValueError, "empty mapping"),
+        ({"num_nodes": 2.5}, "num_nodes", ValueError, r"got 2.5 for 'num_nodes'"),
+        (500, None, TypeError, r"cost must name a size column \(e.g. 'num_nodes' or 'num_edges'\)"),
+    ],
+)
+def test_wrong_max_cost_says_what_is_allowed(skewed, max_cost, cost, error, match):
+    folder, _ = skewed
+    with pytest.raises(error, match=match):
+        shardflow.loader(shardflow.ShardDataset(folder), batch_size=8, max_cost=max_cost, cost=cost)
+
+
+def test_unknown_cost_column_lists_the_columns(skewed):
+    folder, _ = skewed
+    loader = shardflow.loader(shardflow.ShardDataset(folder), batch_size=8, max_cost={"num_nodes": 50, "atoms": 9})
+    with pytest.raises(ManifestError, match=r"no per-sample size 'atoms' .*\['num_nodes', 'num_edges'\]"):
+        len(loader)

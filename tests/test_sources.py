@@ -228,7 +228,9 @@ def test_config_takes_a_list_of_sources_with_weights(two: tuple[Path, Path], tmp
     a, b = two
     path = tmp_path / "mix.yaml"
     path.write_text(f"source:\n  - {{url: {a}, weight: 3}}\n  - {{url: {b}, weight: 1, name: small}}\nsamples_per_epoch: 8\ndecode: none\n")
-    ds = shardflow.ShardDataset.from_config(path)
+    from shardflow.config import dataset_from_config
+
+    ds = dataset_from_config(path)
     assert [p.label for p in ds.sources] == [str(a), "small"] and [p.weight for p in ds.sources] == [3.0, 1.0]
     assert Counter(int(s["__source__"]) for s in ds) == {0: 6, 1: 2}
     from shardflow.config import ConfigError, load_config

@@ -5,8 +5,10 @@
 
 Rank 0 writes 1,000 small samples into uneven shards (once); both ranks then train a linear model
 with DistributedDataParallel (gloo, CPU) for 2 epochs. Every rank takes the same number of steps.
-Each rank saves `loader.state_dict()` with the model every 10 steps; run it again after stopping it
-(`--stop-after 25` stops mid-epoch on purpose) and it continues exactly where the checkpoint was.
+Rank 0 alone saves `loader.state_dict()` with the model every 10 steps (ranks step in lock-step, so
+its state is every rank's); run it again after stopping it (`--stop-after 25` stops mid-epoch on
+purpose) and it continues exactly where the checkpoint was, also with another `--nproc_per_node`
+(elastic: the samples left in the epoch are shared out over the new ranks).
 """
 
 from __future__ import annotations
@@ -55,14 +57,16 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    ckpt = os.path.join(args.work, f"ckpt-rank{rank}.pt")
+    ckpt = os.path.join(args.work, "ckpt.pt")  # one checkpoint, written by rank 0
     state = torch.load(ckpt) if os.path.exists(ckpt) else None  # plain data: loads with weights_only
     first_epoch = 0
     if state is not None:
         model.load_state_dict(state["model"])
         loader.load_state_dict(state["data"])  # the next iteration continues that epoch
         first_epoch = state["epoch"]
-        print(f"rank {rank}: resuming epoch {first_epoch} with {sum(b - a for r in state['data']['remaining'] for a, b in r)} batches left")
+        layout = state["data"]["remaining"]  # the epoch's [world size, steps] stages
+        where = f"after {layout[-1][1]} steps on {layout[-1][0]} ranks" if layout else "at its start"
+        print(f"rank {rank}: resuming epoch {first_epoch} {where}; {len(loader)} batches in the epoch")
     steps = 0
     for epoch in range(first_epoch, 2):
         if state is None:
@@ -75,14 +79,15 @@ def main() -> None:
             loss.backward()
             opt.step()
             steps += 1
-            if steps % 10 == 0:
+            if steps % 10 == 0 and rank == 0:
                 torch.save({"model": model.state_dict(), "data": loader.state_dict(), "epoch": epoch}, ckpt)
             if args.stop_after is not None and steps >= args.stop_after:
                 print(f"rank {rank}: stopping after {steps} steps (epoch {epoch}); run again to resume")
                 dist.destroy_process_group()
                 return
         print(f"rank {rank}: epoch {epoch} done, {len(loader)} steps per epoch, loss {loss.item():.4f}")
-    if os.path.exists(ckpt):
+    dist.barrier()
+    if rank == 0 and os.path.exists(ckpt):
         os.remove(ckpt)
     dist.destroy_process_group()
 
