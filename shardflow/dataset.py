@@ -10,7 +10,7 @@ import pickle
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -18,16 +18,16 @@ import torch
 from torch.utils.data import IterableDataset
 
 from . import stages, storage
+from .batching import Batching, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
 from .codecs import DecodeOptions, field_alternatives, preload
-from .elastic import redistribute
-from .errors import ManifestError, MissingFieldError, SampleError, ShardflowError, SourceError, StateError
+from .elastic import resumed_plan
+from .errors import MissingFieldError, SampleError, ShardflowError
 from .expand import Expand
-from .mixing import Mixture
+from .mixing import mixture_of
 from .plan import (
     RankPlan,
     ShuffleConfig,
     SplitConfig,
-    cost_budgets,
     plan_epoch,
     rank_share,
     shuffle_buffer,
@@ -43,60 +43,6 @@ __all__ = ["ShardDataset", "Batching", "WorkerItem", "STATE_VERSION"]
 
 log = logging.getLogger(__name__)
 _MAX_WORKERS = 256
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How DataLoader workers batch a dataset (set by :func:`shardflow.loader`).
-
-    Attributes:
-        batch_size: samples per batch.
-        drop_last: drop each rank's last incomplete batch.
-        collate: ``collate(list of samples) -> batch``, run in the workers.
-        max_cost: batch by summed ``cost`` instead of count (None: by count): an
-            int, or a mapping of size columns to budgets (see
-            :func:`shardflow.plan.cost_budgets`).
-        cost: the per-sample size column an int ``max_cost`` sums (``"num_nodes"``, ``"num_edges"``).
-
-    Raises:
-        TypeError, ValueError: a ``max_cost``/``cost`` that is not allowed (the message says what is).
-    """
-
-    batch_size: int
-    drop_last: bool
-    collate: Callable[[list[Any]], Any]
-    max_cost: int | Mapping[str, int] | None = None
-    cost: str = "num_nodes"
-    budgets: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        budgets = cost_budgets(self.max_cost, self.cost)
-        if budgets is not None and self.drop_last:
-            raise ValueError("max_cost cannot be combined with drop_last (cost batches have no fixed size to drop)")
-        object.__setattr__(self, "budgets", budgets)
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The size columns batched by (empty when batching by count)."""
-        return self.budgets[0] if self.budgets is not None else ()
-
-    @property
-    def budget(self) -> tuple[int, ...] | None:
-        """One budget per :attr:`columns`, or None when batching by count."""
-        return self.budgets[1] if self.budgets is not None else None
-
-
-@dataclass
-class WorkerItem:
-    """What a worker yields under :func:`shardflow.loader`: a batch and its origin."""
-
-    worker: int
-    index: int
-    data: Any
-    stats: dict[str, int] = field(default_factory=dict)
-    final: bool = False
 
 
 class ShardDataset(IterableDataset):
@@ -217,7 +163,7 @@ class ShardDataset(IterableDataset):
         World.detect(rank, world_size)  # validates
         self.source: ShardSet = resolve_source(source, io)
         self._check_fields()
-        self._mixture = self._make_mixture()
+        self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
         if self.source.counts is None:  # fail here, not later inside a DataLoader worker
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
@@ -268,27 +214,6 @@ class ShardDataset(IterableDataset):
             self._main_ranks = (world.rank, world.world_size)
             return world
         return World.detect(*self._ranks, default=getattr(self, "_main_ranks", None))
-
-    def _make_mixture(self) -> Mixture | None:
-        """The weighted mixture of the sources, or None without weights.
-
-        Raises:
-            SourceError: weights on some sources only, without ``samples_per_epoch``,
-                or on a source without a manifest.
-        """
-        parts = self.source.parts
-        weighted = [p.weight is not None for p in parts]
-        if not any(weighted):
-            return None
-        if not all(weighted):
-            missing = [f"{i} ({p.label})" for i, p in enumerate(parts) if p.weight is None]
-            raise SourceError(f"weights are given for some sources only: source {', '.join(missing)} has none; give every source a weight, or none")
-        if self._split.samples_per_epoch is None:
-            raise SourceError("a weighted mixture needs samples_per_epoch: the samples of each rank per epoch, shared out by weight")
-        bare = [f"{i} ({p.label})" for i, p in enumerate(parts) if not p.sized]
-        if bare:
-            raise SourceError(f"a weighted mixture needs sample counts, and source {', '.join(bare)} has no shardflow.json; write one with `shardflow index`")
-        return Mixture(tuple((p.start, p.stop) for p in parts), tuple(float(p.weight or 0) for p in parts))
 
     @property
     def sources(self) -> tuple[SourcePart, ...]:
@@ -352,18 +277,10 @@ class ShardDataset(IterableDataset):
         """
         counts = self._item_counts()
         if counts is None:
-            raise TypeError(f"this ShardDataset's length is unknown: {self._unsized_reason()}")
+            raise TypeError(f"this ShardDataset's length is unknown: {self.source.unsized_reason()}")
         world = self.world()
         n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
         return n
-
-    def _unsized_reason(self) -> str:
-        """Which sources lack sample counts, and what to do about it."""
-        parts = self.source.parts
-        if len(parts) == 1:
-            return f"{parts[0].label} has no manifest (shardflow.json) with sample counts; write one with `shardflow index`"
-        names = ", ".join(f"{i} ({p.label})" for i, p in enumerate(parts) if not p.sized)
-        return f"source {names} has no manifest (shardflow.json) with sample counts; write one with `shardflow index` for each"
 
     def num_batches(self, num_workers: int = 1, epoch: int | None = None, state: Mapping[str, Any] | None = None) -> int:
         """Batches per epoch of this rank under the loader's batching (sized only).
@@ -374,7 +291,7 @@ class ShardDataset(IterableDataset):
         size), the count is that of the resumed epoch's share."""
         counts = self._item_counts()
         if counts is None:
-            raise TypeError(f"unknown number of batches: {self._unsized_reason()}")
+            raise TypeError(f"unknown number of batches: {self.source.unsized_reason()}")
         split = self._split_config()
         e = self.epoch if epoch is None else epoch
         layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
@@ -406,32 +323,14 @@ class ShardDataset(IterableDataset):
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1]
         if layout:
-            plan = self._resumed_plan(counts, e, r, world.world_size, layout, split)
+            plan = resumed_plan(
+                lambda rr, w: plan_epoch(counts, rr, w, self.seed, e, self.shuffle, split, self._costs(), self._mixture),
+                layout, r, world.world_size, split, counts, self._costs(),
+            )
         else:
             plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, split, self._costs(), self._mixture)
         self._plan_cache = (key, plan)
         return plan
-
-    def _resumed_plan(
-        self, counts: np.ndarray, epoch: int, rank: int, world_size: int, layout: tuple[tuple[int, int], ...], split: SplitConfig
-    ) -> RankPlan:
-        """The rest of an epoch that ran on the ``layout``'s worlds, shared out over this one
-        (:mod:`shardflow.elastic`)."""
-        costs = self._costs()
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-
-        def costs_of(p: RankPlan, positions: np.ndarray) -> np.ndarray:
-            shard = np.asarray([sg.shard for sg in p.segments], dtype=np.int64)[p.read_segment[positions]]
-            return costs[starts[shard] + p.read_sample[positions]] if costs is not None else np.zeros(len(positions), np.int64)
-
-        w0 = layout[0][0]
-        plans = [plan_epoch(counts, r, w0, self.seed, epoch, self.shuffle, split, costs, self._mixture) for r in range(w0)]
-        for i, (_, steps) in enumerate(layout):
-            nxt = layout[i + 1][0] if i + 1 < len(layout) else world_size
-            wanted = range(nxt) if i + 1 < len(layout) else [rank]
-            out = {r: redistribute(plans, steps, r, nxt, split, costs_of if costs is not None else None) for r in wanted}
-            plans = [out[r] for r in sorted(out)] if i + 1 < len(layout) else [out[rank]]
-        return plans[0]
 
     # ------------------------------------------------------------ epochs & state
 
@@ -713,11 +612,11 @@ class ShardDataset(IterableDataset):
             )
             sizes = []
             if skip:
-                items = _skip(items, skip * (self._batching.batch_size if self._batching else 1))
+                items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
         if prepare is None and self.fields is not None:
             items = stages.select_fields(items, self.fields, policy)
         if prepare is None:
-            items = _tag_sources(items, self._source_index())
+            items = tag_sources(items, self._source_index())
         if prepare is None and self.decode is not None:
             items = stages.decode(items, self.decode, policy)
         if self.transform is not None:
@@ -765,7 +664,7 @@ class ShardDataset(IterableDataset):
         progress = [ids[0] if ids else (resume.step if resume is not None else 0), 0, skip, layout]
         if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch
             self._progress = progress
-        return self._yield_samples(_stream_world(world, resume), epoch, ids, skip, policy, progress, in_main)
+        return self._yield_samples(stream_world(world, resume), epoch, ids, skip, policy, progress, in_main)
 
     def _yield_samples(
         self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy, progress: list[Any], in_main: bool
@@ -780,7 +679,7 @@ class ShardDataset(IterableDataset):
                 yield item
             policy.check_end()
         finally:
-            _close_iter(items)
+            close_iter(items)
         if in_main:
             self._progress = None
 
@@ -790,8 +689,8 @@ class ShardDataset(IterableDataset):
             raise ShardflowError("internal: batching requested without a batch configuration")
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
-        items, sizes = self._pipeline(_stream_world(world, resume), epoch, ids, skip, policy)
-        counted = _count_good(items, policy)
+        items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
+        counted = count_good(items, policy)
         try:
             if self.sized:
                 for index, batch in stages.batched(counted, sizes, b.collate):
@@ -799,7 +698,7 @@ class ShardDataset(IterableDataset):
             else:
                 n = skip
                 while True:
-                    group = [x for x in _take(counted, b.batch_size)]
+                    group = [x for x in take(counted, b.batch_size)]
                     full = len(group) == b.batch_size
                     group = [x for x in group if x is not None]
                     if group and (full or not b.drop_last):
@@ -810,7 +709,7 @@ class ShardDataset(IterableDataset):
             if world.num_workers == 1 or policy.stats["samples"]:
                 policy.check_end()
         finally:
-            _close_iter(items)
+            close_iter(items)
         yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -820,22 +719,6 @@ class ShardDataset(IterableDataset):
         state["_plan_cache"] = None
         check_picklable_transform(self.transform)
         return state
-
-
-def _tag_sources(items: Iterator[Any], by_url: dict[str, int] | None) -> Iterator[Any]:
-    """Set ``__source__`` (the source's index in the list) on every sample."""
-    for item in items:
-        if item is not None:
-            item["__source__"] = by_url.get(item["__url__"], 0) if by_url else 0
-        yield item
-
-
-def _stream_world(world: World, resume: ResumePoint | None) -> World:
-    """The worker position whose stream (shards, shuffle seed) this worker reads:
-    its own, or after an unsized resume the saved run's (see :class:`ResumePoint`)."""
-    if resume is None or not resume.streams or world.worker >= len(resume.streams):
-        return world
-    return world.with_workers(resume.streams[world.worker], world.num_workers)
 
 
 def check_picklable_transform(transform: Any) -> None:
@@ -850,35 +733,3 @@ def check_picklable_transform(transform: Any) -> None:
             "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
             "local function), or use the 'fork' start method"
         ) from e
-
-
-def _count_good(items: Iterator[Any], policy: stages.ErrorPolicy) -> Iterator[Any]:
-    for x in items:
-        if x is not None:
-            policy.good()
-        yield x
-
-
-def _take(it: Iterator[Any], n: int) -> list[Any]:
-    out = []
-    for _ in range(n):
-        x = next(it, _SENTINEL)
-        if x is _SENTINEL:
-            break
-        out.append(x)
-    return out
-
-
-_SENTINEL = object()
-
-
-def _skip(items: Iterator[Any], n: int) -> Iterator[Any]:
-    for i, x in enumerate(items):
-        if i >= n:
-            yield x
-
-
-def _close_iter(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()

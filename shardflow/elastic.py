@@ -35,7 +35,7 @@ import numpy as np
 from .order import Segment
 from .plan import RankPlan, SplitConfig, cost_batches, split_to
 
-__all__ = ["remaining_share", "redistribute"]
+__all__ = ["remaining_share", "redistribute", "resumed_plan"]
 
 
 def remaining_share(remaining: int, world_size: int, partial: str) -> tuple[int, int, int]:
@@ -96,6 +96,45 @@ def redistribute(
     ends = np.asarray(split_to(per_rank[rank], target), dtype=np.int64) if target else np.zeros(0, np.int64)
     return RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
                     plan.read_segment, plan.read_sample, plan.emit, ends, None)
+
+
+def resumed_plan(
+    plan_of: Callable[[int, int], RankPlan],
+    layout: Sequence[tuple[int, int]],
+    rank: int,
+    world_size: int,
+    split: SplitConfig,
+    counts: np.ndarray,
+    costs: np.ndarray | None = None,
+) -> RankPlan:
+    """The plan of ``rank`` of ``world_size`` for the rest of an epoch that ran on ``layout``.
+
+    Args:
+        plan_of: ``plan_of(rank, world_size)``, the epoch's own plan of a rank.
+        layout: the epoch's earlier ``(world size, steps)`` stages, oldest first.
+        rank: the rank to plan.
+        world_size: the world it resumes on.
+        split: the split options.
+        counts: int64 samples per shard (to find each sample's cost).
+        costs: with ``split.max_cost``: the per-sample costs, shape (N,) or (N, C).
+
+    Returns:
+        Each stage's remaining samples shared out over the next stage's world
+        (:func:`redistribute`), ending with this rank's share.
+    """
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+    def costs_of(p: RankPlan, positions: np.ndarray) -> np.ndarray:
+        shard = np.asarray([sg.shard for sg in p.segments], dtype=np.int64)[p.read_segment[positions]]
+        return costs[starts[shard] + p.read_sample[positions]]  # type: ignore[index]
+
+    plans = [plan_of(r, layout[0][0]) for r in range(layout[0][0])]
+    for i, (_, steps) in enumerate(layout):
+        last = i + 1 == len(layout)
+        nxt = world_size if last else layout[i + 1][0]
+        wanted = [rank] if last else list(range(nxt))
+        plans = [redistribute(plans, steps, r, nxt, split, costs_of if costs is not None else None) for r in wanted]
+    return plans[0]
 
 
 def _rank_items(left: list[np.ndarray], sizes: list[int], total: int, m: int, rank: int) -> list[tuple[int, int, int]]:

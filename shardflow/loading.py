@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from .collation import collate as default_collate
-from .dataset import Batching, ShardDataset, WorkerItem
+from .batching import Batching, WorkerItem
+from .dataset import ShardDataset
 from .errors import ShardflowError, StateError
 
 __all__ = ["loader", "ShardLoader"]

@@ -31,14 +31,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
-from .errors import ShardflowError
+from .errors import ShardflowError, SourceError
 from .order import Segment, interleave, positions_to_segments
 from .world import stable_seed
 
-__all__ = ["Mixture", "epoch_quotas", "rank_quotas", "mixture_order"]
+__all__ = ["Mixture", "mixture_of", "epoch_quotas", "rank_quotas", "mixture_order"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,28 @@ class Mixture:
             raise ValueError("a mixture needs one weight per source, and at least one source")
         if any(not w > 0 for w in self.weights):
             raise ValueError(f"mixture weights must be > 0, got {list(self.weights)}")
+
+
+def mixture_of(parts: Sequence[Any], samples_per_epoch: int | None) -> Mixture | None:
+    """The weighted mixture of a dataset's sources (:class:`shardflow.source.SourcePart`), or None
+    when no source has a weight.
+
+    Raises:
+        SourceError: weights on some sources only, no ``samples_per_epoch``, or a
+            weighted source without a manifest (each message names the sources).
+    """
+    weighted = [p.weight is not None for p in parts]
+    if not any(weighted):
+        return None
+    if not all(weighted):
+        missing = ", ".join(f"{i} ({p.label})" for i, p in enumerate(parts) if p.weight is None)
+        raise SourceError(f"weights are given for some sources only: source {missing} has none; give every source a weight, or none")
+    if samples_per_epoch is None:
+        raise SourceError("a weighted mixture needs samples_per_epoch: the samples of each rank per epoch, shared out by weight")
+    bare = ", ".join(f"{i} ({p.label})" for i, p in enumerate(parts) if not p.sized)
+    if bare:
+        raise SourceError(f"a weighted mixture needs sample counts, and source {bare} has no shardflow.json; write one with `shardflow index`")
+    return Mixture(tuple((p.start, p.stop) for p in parts), tuple(float(p.weight) for p in parts))
 
 
 def epoch_quotas(weights: Sequence[float], total: int) -> list[int]:

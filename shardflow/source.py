@@ -160,6 +160,13 @@ class ShardSet:
             return None
         return [float(p.weight or 0.0) for p in self.parts]
 
+    def unsized_reason(self) -> str:
+        """Which sources lack sample counts, and what to do about it (for error messages)."""
+        if len(self.parts) == 1:
+            return f"{self.parts[0].label} has no manifest (shardflow.json) with sample counts; write one with `shardflow index`"
+        names = ", ".join(f"{i} ({p.label})" for i, p in enumerate(self.parts) if not p.sized)
+        return f"source {names} has no manifest (shardflow.json) with sample counts; write one with `shardflow index` for each"
+
     def part_of(self, shard: int) -> int:
         """The source index of shard number ``shard``."""
         return int(np.searchsorted([p.stop for p in self.parts], shard, side="right"))
