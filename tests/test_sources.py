@@ -248,6 +248,7 @@ def test_inspect_shows_a_mixture(two: tuple[Path, Path], tmp_path: Path) -> None
     info = summarize([Source(a, weight=3), Source(b, weight=1)], scan=False, samples_per_epoch=80)
     assert [(p["shards"], p["samples"], p["weight"], p["quota"]) for p in info["sources"]] == [(3, 30, 3.0, 60), (1, 5, 1.0, 20)]
     text = format_summary(info)
+    assert f"dataset   2 sources  (manifests {a}/shardflow.json, {b}/shardflow.json)" in text
     assert "sources   2 (a weighted mixture" in text and "quota 60 per epoch" in text and "quota 20 per epoch" in text
 
 
@@ -271,3 +272,12 @@ def test_a_folder_url_reads_its_manifest_first(http_server: Any) -> None:
     assert not bare.sized and [s["__key__"] for s in bare] == ["000000", "000001", "000002"]
     assert http_server.stats.gets_by_path["bare/shardflow.json"] == 1  # tried first,
     assert http_server.stats.gets_by_path["bare/"] >= 1  # then listed
+
+
+def test_a_source_reads_with_its_own_storage_options(two: tuple[Path, Path]) -> None:
+    a, b = two
+    ds = ShardDataset([Source(a, storage_options={"anon": True}), b], storage_options={"anon": False, "x": 1}, decode=None)
+    first, last = ds.source.options_for(0, ds.io), ds.source.options_for(3, ds.io)
+    assert first.storage_options == {"anon": True, "x": 1}  # the source's own win, the rest are kept
+    assert last is ds.io and ds.source.options_for(2, ds.io) is first  # merged once per source
+    assert len(list(ds)) == 35

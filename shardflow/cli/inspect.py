@@ -74,8 +74,9 @@ def _stats_line(s: dict[str, Any]) -> str:
 def format_summary(info: dict[str, Any]) -> str:
     """The human-readable form of a :func:`shardflow.inspect.summarize` result."""
     lines = []
-    src = info["source"] if isinstance(info["source"], str) else f"{len(info['source'])} URLs"
-    where = f"manifest {info['manifest']}" if info["manifest"] else "no manifest: counts from a scan of the shards"
+    many = len(info.get("sources") or []) > 1
+    src = info["source"] if isinstance(info["source"], str) else f"{len(info['source'])} {'sources' if many else 'URLs'}"
+    where = f"manifest{'s' if many else ''} {info['manifest']}" if info["manifest"] else "no manifest: counts from a scan of the shards"
     lines.append(f"dataset   {src}  ({where})")
     if len(info.get("sources") or []) > 1 or any(p["weight"] for p in info.get("sources") or []):
         weighted = any(p["weight"] for p in info["sources"])

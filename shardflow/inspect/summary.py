@@ -214,7 +214,7 @@ def summarize(
     out: dict[str, Any] = {
         "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else [p.label for p in src.parts],
         "sources": _sources_info(src, samples_per_epoch),
-        "manifest": m.url if m is not None else None,
+        "manifest": (m.url or ", ".join(p.manifest_url or "?" for p in src.parts)) if m is not None else None,
         "scanned": bool(scan),
         "shards": len(src.urls),
         "samples": m.num_samples if m is not None else None,
