@@ -307,7 +307,7 @@ def test_webdataset_reads_the_shards(odd_tree: Path, tmp_path: Path) -> None:
     for a, b, (_, field, rel) in zip(ours, theirs, ODD_KEYS):
         assert b[field] == a[field] == (odd_tree / rel).read_bytes()
         assert b["cls"] == a["cls"]
-        assert set(b) - {"__key__", "__url__", "__local_path__"} == {field, "cls"}
+        assert set(b) - {"__key__", "__url__", "__source__", "__local_path__"} == {field, "cls"}
 
 
 def test_memory_destination(junk_tree: Path) -> None:

@@ -430,7 +430,7 @@ def test_cli_convert_pyg_end_to_end(tmp_path, capsys):
                "--kwargs", '{"num_graphs": 20}', "--max-count", "8", "--workers", "1", "--field", "mol.pyg"])
     assert rc == 0
     sample = next(iter(shardflow.ShardDataset(str(tmp_path / "cli2"))))
-    assert sorted(sample) == ["__key__", "__url__", "mol.pyg"]
+    assert sorted(sample) == ["__key__", "__source__", "__url__", "mol.pyg"]
 
     assert main(["convert", "pyg", "tests.test_convert_pyg:graph_list", dst, "--kwargs", "[1]"]) == 1
     assert "--kwargs must be a JSON object" in capsys.readouterr().err
