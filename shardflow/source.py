@@ -137,6 +137,7 @@ class ShardSet:
             self.parts = (SourcePart(self.urls[0] if self.urls else "", 0, len(self.urls), sized=self.manifest is not None,
                                      manifest_url=self.manifest.url if self.manifest is not None else None),)
         self._options: dict[int, tuple[storage.IOOptions, storage.IOOptions]] = {}
+        self._stops = np.asarray([p.stop for p in self.parts], dtype=np.int64)
 
     @property
     def counts(self) -> np.ndarray | None:
@@ -169,7 +170,7 @@ class ShardSet:
 
     def part_of(self, shard: int) -> int:
         """The source index of shard number ``shard``."""
-        return int(np.searchsorted([p.stop for p in self.parts], shard, side="right"))
+        return int(np.searchsorted(self._stops, shard, side="right"))
 
     def options_for(self, shard: int, options: storage.IOOptions) -> storage.IOOptions:
         """The storage options to read shard number ``shard`` with: ``options``, with
