@@ -626,7 +626,7 @@ class ShardDataset(IterableDataset):
     def _preparer(self, epoch: int, policy: stages.ErrorPolicy) -> Callable[[dict[str, Any]], list[Any] | None]:
         """Select, decode and expand one raw sample into its items (one-to-many samples)."""
         expand = self.expand
-        wanted = stages._wanted(self.fields) if self.fields is not None else None
+        wanted = stages.wanted_fields(self.fields) if self.fields is not None else None
         options = self.decode
         seed = self.seed
         by_url = self._source_index()

@@ -664,7 +664,8 @@ def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], li
             yield from items
 
 
-def _wanted(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
+def wanted_fields(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``(name, alternatives)`` of each requested field (``"jpg;png"``, ``"image"``), for :func:`select_one`."""
     return [(f.split(";")[0], field_alternatives(f)) for f in fields]
 
 
@@ -692,7 +693,7 @@ def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], polic
     the first present is kept under the first name. ``"image"`` stands for
     whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
     """
-    wanted = _wanted(fields)
+    wanted = wanted_fields(fields)
     for s in samples:
         yield None if s is None else select_one(s, wanted, policy)
 

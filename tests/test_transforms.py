@@ -64,7 +64,7 @@ def test_alias_expands_to_every_image_extension():
 def test_mixed_jpeg_png_read_as_one_image_field(mixed):
     ds = shardflow.ShardDataset(mixed, decode="torch", fields=("image", "cls"))
     samples = list(ds)
-    assert [tuple(s) for s in samples] == [("__key__", "__url__", "image", "cls")] * 6
+    assert [tuple(s) for s in samples] == [("__key__", "__url__", "image", "cls", "__source__")] * 6
     assert [tuple(s["image"].shape) for s in samples] == [(3, 20, 30), (3, 24, 16)] * 3
     assert [s["cls"] for s in samples] == [0, 1, 2, 0, 1, 2]
     # an alias the manifest cannot satisfy is refused up front, listing what exists
