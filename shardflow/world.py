@@ -8,11 +8,21 @@ value, so splitting and shuffling are pure functions that tests call directly.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass, replace
 
-__all__ = ["World", "stable_seed"]
+__all__ = ["World", "stable_seed", "exit_with_parent"]
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_watching = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class World:
             info = None
         if info is not None:
             worker, num_workers = info.id, info.num_workers
+            exit_with_parent()
         return cls(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
 
     def with_workers(self, worker: int, num_workers: int) -> World:
@@ -91,3 +102,36 @@ def stable_seed(*parts: object) -> int:
     machines and Python versions, unlike ``hash()``)."""
     text = "/".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def exit_with_parent() -> None:
+    """Make this process (a DataLoader worker) end when the process that started it dies.
+
+    A worker blocked in a read (a stalled request, a read-ahead thread) would
+    outlive a main process that was killed: on Linux the kernel sends the worker
+    ``SIGTERM`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere a
+    daemon thread checks the parent pid every second and exits the process.
+    Idempotent: the first call per process sets it up. Called by
+    :meth:`World.detect` inside DataLoader workers.
+    """
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0:
+                if os.getppid() != parent:  # the parent died before the call
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable; watching the parent pid instead", exc_info=True)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
@@ -41,7 +42,8 @@ from .format.manifest import (
 )
 from .format.tar import END_OF_ARCHIVE, encode_sample
 from .graph import is_graph
-from .storage.urls import join_url, parent_url
+from .storage.locks import DestinationLock, remove_stale_temporaries
+from .storage.urls import join_url, local_path, parent_url
 
 __all__ = ["ShardWriter", "ShardFile", "encode_sample_dict", "write_manifest", "tar_size"]
 
@@ -273,6 +275,7 @@ class ShardWriter:
         self._journal: Any = None  # the open journal file (local destinations)
         self._journal_meta: dict[str, Any] | None = None  # meta as of the journal's last line
         self._started = False
+        self._lock: DestinationLock | None = None  # held from the first shard to close/abort
         self._shard: ShardFile | None = None
         self._closed = False
         self.count = 0
@@ -340,8 +343,15 @@ class ShardWriter:
         """Before the first shard: drop a manifest of an earlier run (its shards are about to be
         replaced) and, at a local destination, start the journal."""
         self._started = True
+        folder = parent_url(self.pattern)
+        if storage.is_local(folder):
+            # the temporaries of a writer that crashed here are nobody's (storage.locks)
+            remove_stale_temporaries(local_path(folder) or ".")
         if not self.manifest_url:
             return
+        if storage.is_local(self.manifest_url):
+            # one writer of a folder's manifest at a time; a crashed one holds nothing
+            self._lock = DestinationLock(os.path.dirname(os.path.abspath(local_path(self.manifest_url)))).acquire()
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
         if fs.exists(path):
             fs.rm_file(path)
@@ -365,10 +375,19 @@ class ShardWriter:
     def close(self) -> Manifest:
         """Finish the current shard and write the manifest; returns it."""
         if not self._closed:
-            self._finish_shard()
-            self._write_manifest()
-            self._closed = True
+            try:
+                self._finish_shard()
+                self._write_manifest()
+                self._closed = True
+            finally:
+                if self._closed:
+                    self._release()
         return self.manifest
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def abort(self) -> None:
         """Drop the shard in progress (nothing appears at its name); the manifest lists the
@@ -378,8 +397,11 @@ class ShardWriter:
             shard.__exit__(SampleError, SampleError("aborted"), None)
         if not self._closed:
             self._closed = True
-            if self.manifest.shards or self._journal is not None:
-                self._write_manifest()
+            try:
+                if self.manifest.shards or self._journal is not None:
+                    self._write_manifest()
+            finally:
+                self._release()
 
     def write_all(self, samples: Iterable[Mapping[str, Any]]) -> Manifest:
         """Write every sample, then close."""

@@ -8,6 +8,7 @@ state their bound next to the assertion.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
@@ -675,3 +676,85 @@ def test_a_changed_object_without_validators_is_caught_by_the_manifest_digest(tm
     with pytest.raises(RemoteReadError, match=r"read whole, its sha256 is [0-9a-f]+ but the manifest lists"):
         keys(ShardDataset(flaky_http_server.url_for("shardflow.json"), decode=None, io=io))
     assert flaky_http_server.stats.drops == 1 and flaky_http_server.stats.changes == 1
+
+
+# ------------------------------------------------------------------ workers and their parent
+
+
+@pytest.mark.timeout(60)
+def test_workers_exit_when_the_main_process_is_killed(tmp_path: Path) -> None:
+    import signal as signals
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    folder = make_shards(tmp_path, [40, 40])
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        import shardflow
+        def stuck(sample):  # workers then block in user code, where torch's own watchdog cannot act
+            if int(sample["__key__"]) % 40 >= 4:
+                time.sleep(120)
+            return sample
+        ds = shardflow.ShardDataset({str(folder)!r}, decode=None, transform=stuck)
+        loader = shardflow.loader(ds, batch_size=2, num_workers=4, collate_fn=list)
+        it = iter(loader)
+        next(it)
+        import psutil
+        print(" ".join(str(c.pid) for c in psutil.Process().children()), flush=True)
+        time.sleep(120)  # killed here, workers mid-epoch
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) >= 4
+        proc.send_signal(signals.SIGKILL)
+        proc.wait(10)
+        waited = 0.0
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
+            time.sleep(0.1)
+            waited += 0.1
+            if waited > 20:
+                break
+        alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert alive == []  # without the parent-death signal they sleep on for 120 s
+    finally:
+        proc.kill()
+        for p in workers if "workers" in dir() else []:
+            with contextlib.suppress(Exception):
+                os.kill(p, signals.SIGKILL)
+
+
+# ------------------------------------------------------------------ writers: one per destination, no leftovers
+
+
+def test_one_writer_per_destination_and_a_crashed_one_holds_nothing(tmp_path: Path) -> None:
+    from shardflow import ShardWriter
+    from shardflow.storage import DestinationLockedError
+
+    pattern = str(tmp_path / "out" / "train-%06d.tar")
+    first = ShardWriter(pattern, max_count=2)
+    first.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(DestinationLockedError, match=rf"another writer \(pid {os.getpid()} on .+\) is writing"):
+        ShardWriter(pattern, max_count=2).write({"__key__": "b", "txt": "y"})
+    first.close()
+    assert not (tmp_path / "out" / ".shardflow.lock").exists()
+    # a writer killed mid-shard: its lock dies with it, its temporaries are removed by the next run
+    script = textwrap.dedent(f"""
+        import os
+        from shardflow import ShardWriter
+        w = ShardWriter({pattern!r}, max_count=100)
+        for i in range(10):
+            w.write({{"__key__": f"{{i:06d}}", "txt": "x" * 1000}})
+        os._exit(9)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    assert subprocess.run([sys.executable, "-c", script], env=env, timeout=60).returncode == 9
+    left = sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp"))
+    assert left and all(name.startswith(".train-000000.tar.") for name in left), left
+    with ShardWriter(pattern, max_count=100) as again:
+        again.write({"__key__": "000000", "txt": "y"})
+        assert not any(p.name.endswith(".tmp") and p.name in left for p in (tmp_path / "out").iterdir())
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["shardflow.json", "train-000000.tar", "train-000000.tar.idx.npy"], names
+    assert [s["__key__"] for s in ShardDataset(tmp_path / "out", decode=None)] == ["000000"]

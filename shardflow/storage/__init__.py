@@ -37,7 +37,7 @@ from __future__ import annotations
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_chunks
 
 from . import fork  # noqa: F401 - registers the fork hooks
-from .errors import RemoteWriteError, ShardChangedError, ShardNotFoundError
+from .errors import DestinationLockedError, RemoteWriteError, ShardChangedError, ShardNotFoundError
 from .filesystems import filesystem
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
@@ -70,6 +70,7 @@ __all__ = [
     "object_size",
     "open_chunks",
     "open_output",
+    "DestinationLockedError",
     "read_range",
     "readahead",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardflow.errors import RemoteReadError, ShardflowError
 
-__all__ = ["RemoteWriteError", "ShardChangedError", "ShardNotFoundError", "ShortReadError"]
+__all__ = ["DestinationLockedError", "RemoteWriteError", "ShardChangedError", "ShardNotFoundError", "ShortReadError"]
 
 
 class ShardNotFoundError(RemoteReadError, FileNotFoundError):
@@ -17,6 +17,12 @@ class ShardChangedError(RemoteReadError):
 
 class RemoteWriteError(ShardflowError, OSError):
     """Writing an object failed; nothing was left at its final name."""
+
+
+class DestinationLockedError(ShardflowError, OSError):
+    """Another live writer is writing to the same destination folder."""
+
+    default_reason = "destination_locked"
 
 
 class ShortReadError(OSError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import posixpath
 import secrets
@@ -86,12 +87,14 @@ def _local_output(path: str) -> Iterator[BinaryIO]:
     tmp = os.path.join(parent, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     # os.open with 0o666 honours the umask, unlike mkstemp's 0o600
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    # held while the file is written: a temporary nobody holds is a crashed writer's (storage.locks)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # still locked: no sweep can take it for a dead writer's
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
