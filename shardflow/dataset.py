@@ -34,7 +34,7 @@ from .plan import (
     split_unsized,
     worker_batches,
 )
-from .source import ShardSet, SourcePart, resolve_source
+from .source import ShardSet, Source, SourcePart, resolve_source
 from .state import STATE_VERSION, ResumePoint, build_state, check_state, parse_layout
 from .transforms import map_fields
 from .world import World, stable_seed
@@ -48,19 +48,25 @@ _MAX_WORKERS = 256
 class ShardDataset(IterableDataset):
     """Stream samples from tar shards, locally or from any fsspec URL.
 
-    Each sample is a dict: ``__key__`` (str), ``__url__`` (the shard's URL) and
-    one entry per field, decoded by the field's extension (see
+    Each sample is a dict: ``__key__`` (str), ``__url__`` (the shard's URL),
+    ``__source__`` (int: the index of its source in a list of sources, 0 for
+    one) and one entry per field, decoded by the field's extension (see
     :mod:`shardflow.codecs`). With a manifest, every rank gets exactly the same
     number of samples per epoch, and over an epoch the ranks and DataLoader
     workers together see every sample once (plus declared padding); see
-    :mod:`shardflow.plan` for the exact rules. Use :func:`shardflow.loader` for
-    batching with workers and for resumption with workers.
+    :mod:`shardflow.plan` for the exact rules, :mod:`shardflow.mixing` for
+    weighted mixtures and :mod:`shardflow.elastic` for resuming on another
+    world size. Use :func:`shardflow.loader` for batching with workers and for
+    resumption with workers.
 
     Args:
-        source: a folder (with ``shardflow.json``, or else its ``.tar*``
-            files), a manifest URL, a brace pattern or glob
+        source: a folder (its ``shardflow.json`` is read first; without one,
+            its ``.tar*`` files), a manifest URL, a brace pattern or glob
             (``s3://b/train-{000000..000099}.tar``), parts joined by ``::``,
-            or a list of URLs.
+            a :class:`~shardflow.source.Source`, or a list of sources (each
+            entry one source: a folder, manifest or shard URL used as given,
+            or a ``Source``): their union, or with weights and
+            ``samples_per_epoch`` a weighted mixture.
         shuffle: False keeps the stored order (shards in manifest/URL order,
             samples in file order); True shuffles shards per epoch and samples
             through a 1,000-sample buffer; an int sets the buffer size; or a
@@ -85,7 +91,8 @@ class ShardDataset(IterableDataset):
         partial: ``"pad"`` (default, as ``DistributedSampler``) or ``"drop"``:
             how ranks get equal counts when ``N`` is not divisible by the world size.
         samples_per_epoch: train by steps: samples per rank per epoch, drawn
-            from an endless stream of reshuffled passes.
+            from an endless stream of reshuffled passes (in a weighted mixture,
+            shared out by weight: :mod:`shardflow.mixing`).
         rank: this process's rank; default detected (``torch.distributed``,
             else ``RANK``/``WORLD_SIZE``, else 0).
         world_size: number of ranks; give with ``rank``.
@@ -101,12 +108,15 @@ class ShardDataset(IterableDataset):
         ManifestError: the manifest is invalid.
         MissingFieldError: ``fields`` names a field the manifest does not know
             (lists the fields that exist).
+        SourceError: the same shard reached twice, or weights that cannot
+            make a mixture (on some sources only, without ``samples_per_epoch``,
+            on a source without a manifest).
         ShardflowError: a rank would get no data.
     """
 
     def __init__(
         self,
-        source: str | os.PathLike | Sequence[str],
+        source: str | os.PathLike | Source | Sequence[str | os.PathLike | Source],
         *,
         shuffle: bool | int | ShuffleConfig = False,
         seed: int = 0,
