@@ -134,10 +134,7 @@ class ShardDataset(IterableDataset):
         expand: Expand | None = None,
     ) -> None:
         super().__init__()
-        if io is None:
-            io = storage.IOOptions(storage_options=dict(storage_options or {}))
-        elif storage_options:
-            raise ValueError("pass storage_options inside io= or as storage_options=, not both")
+        io = storage.io_options(io, storage_options)
         self.io = io
         if isinstance(shuffle, ShuffleConfig):
             self.shuffle = shuffle
