@@ -797,6 +797,34 @@ def test_cache_lru_eviction_and_in_use(memory_root, tmp_path):
     assert sum(os.path.getsize(cache_dir / n) for n in _data_files(cache_dir)) <= 2500
 
 
+def test_cache_leaves_no_lock_files(memory_root, tmp_path):
+    """A lock file lives while its entry is in use; its last user (or eviction) removes it."""
+    store = _memory_store(memory_root)
+    cache_dir = tmp_path / "cache"
+    opts = IOOptions(cache_dir=str(cache_dir), cache_limit=2500, readahead=0, block_size=256)
+    blobs = {name: os.urandom(1000) for name in "abcd"}
+    urls = {name: store.put(f"{name}.tar", blob) for name, blob in blobs.items()}
+
+    def locks() -> list[str]:
+        return sorted(os.listdir(cache_dir / ".locks"))
+
+    held = [open_chunks(urls[n], options=opts) for n in "ab"]
+    assert [next(h) for h in held] == [blobs["a"][:256], blobs["b"][:256]]
+    assert len(locks()) == 2  # one per entry in use
+    second = open_chunks(urls["a"], options=opts)  # a second user of the same entry
+    assert b"".join(second) == blobs["a"]
+    assert len(locks()) == 2  # the first user still holds it
+    for h in held:
+        h.close()
+    assert locks() == []
+    for n in "abcd":  # c and d evict a and b (limit 2,500 bytes)
+        assert b"".join(open_chunks(urls[n], options=opts)) == blobs[n]
+    assert locks() == []
+    assert len(_data_files(cache_dir)) == 2
+    assert b"".join(open_chunks(urls["c"], options=opts)) == blobs["c"]  # still served from the cache
+    assert locks() == []
+
+
 def test_cache_bypassed_when_object_exceeds_limit_or_no_room(memory_root, tmp_path):
     store = _memory_store(memory_root)
     cache_dir = tmp_path / "cache"

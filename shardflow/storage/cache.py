@@ -28,7 +28,8 @@ class ShardCache:
 
     Layout: ``<key>-<name>`` data files (key from the URL and the object's identity,
     so a changed object gets a new entry), ``.tmp-<key>-<size>-<token>`` downloads
-    in progress, ``.locks/<key>`` lock files, ``.lock`` guarding eviction. A reader
+    in progress, ``.locks/<key>`` lock files (while an entry is in use: its last user
+    removes it), ``.lock`` guarding eviction. A reader
     holds a shared ``flock`` on its entry's lock file, a download an exclusive one;
     eviction only removes entries whose lock it can take at once, least recently
     used first (use time is the data file's mtime, touched on every open).
@@ -64,25 +65,26 @@ class ShardCache:
         identity = object_identity(info)
         key = self.key(url, identity)
         data = self._data_path(key, url)
-        lock_fd = os.open(os.path.join(self.root, ".locks", key), os.O_RDWR | os.O_CREAT, 0o666)
+        lock_path = os.path.join(self.root, ".locks", key)
+        lock_fd: int | None = None
         try:
             for _attempt in range(5):
-                fcntl.flock(lock_fd, fcntl.LOCK_SH)
+                lock_fd = self._lock(lock_path, fcntl.LOCK_SH)
                 if self._present(data, size):
                     break
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                self._release(lock_fd, lock_path)
+                lock_fd = self._lock(lock_path, fcntl.LOCK_EX)
                 if not self._present(data, size) and not self._download(
                     url, key, data, size, identity, options
                 ):
-                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
                     yield None
                     return
                 # converting EX -> SH is not atomic; eviction may slip in: check again
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)
-                if self._present(data, size):
+                if self._present(data, size) and self._same_file(lock_fd, lock_path):
                     break
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                self._release(lock_fd, lock_path)
+                lock_fd = None
             else:
                 yield None
                 return
@@ -91,7 +93,54 @@ class ShardCache:
                 os.utime(data, ns=(now, now))
             yield data
         finally:
-            os.close(lock_fd)
+            if lock_fd is not None:
+                self._release(lock_fd, lock_path)
+
+    @classmethod
+    def _lock(cls, path: str, how: int) -> int:
+        """Open and ``flock`` the lock file ``path``; returns its descriptor.
+
+        The last user of an entry removes its lock file (so none is left behind), and may
+        do so between this process's open and its flock: the lock then guards a file no
+        longer at ``path``, so it is dropped and the file opened again.
+        """
+        import fcntl
+
+        for _attempt in range(1000):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, how)
+                if cls._same_file(fd, path):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise OSError(f"shard cache: lock file {path} was replaced 1,000 times in a row")
+
+    @staticmethod
+    def _same_file(fd: int, path: str) -> bool:
+        """Whether ``fd`` is still the file at ``path`` (it was not unlinked meanwhile)."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        own = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+    @classmethod
+    def _release(cls, fd: int, path: str) -> None:
+        """Unlock and close ``fd``; remove the lock file when no other process holds it."""
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if cls._same_file(fd, path):
+                os.unlink(path)
+        except (BlockingIOError, FileNotFoundError):
+            pass  # in use elsewhere: its last user removes it
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _present(data: str, size: int) -> bool:
@@ -179,6 +228,9 @@ class ShardCache:
             except BlockingIOError:
                 os.close(fd)
                 continue  # in use
+            if not self._same_file(fd, lock_path):  # its last user removed it: a new user holds the new one
+                os.close(fd)
+                continue
             try:
                 os.unlink(path)
                 used -= nbytes
@@ -186,6 +238,8 @@ class ShardCache:
             except FileNotFoundError:
                 pass
             finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock_path)  # held exclusively: nobody uses the entry
                 os.close(fd)
             if used + need <= self.limit:
                 return True
