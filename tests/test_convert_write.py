@@ -144,3 +144,26 @@ def test_record_beside_manifest(tmp_path: Path) -> None:
     assert sorted(record["groups"]) == ["0", "1"]
     manifest = json.loads((dst / "shardflow.json").read_bytes())
     assert manifest["meta"] == {"conversion": {"complete": True}}  # nothing run-specific in the manifest
+
+
+def test_a_second_conversion_into_a_busy_folder_is_refused(tmp_path):
+    """One writer per local destination: while a conversion runs, another one (or a
+    ShardWriter) into the same folder gets DestinationLockedError naming the holder."""
+    from shardflow.storage import DestinationLockedError
+
+    dst = tmp_path / "out"
+    seen = []
+
+    def fn(i):
+        if i == 3 and not seen:
+            with pytest.raises(DestinationLockedError, match=f"pid {os.getpid()}"):
+                shardflow.write_shards(lambda j: {"__key__": f"{j:04d}", "cls": j}, range(2), str(dst), workers=1)
+            seen.append(True)
+        return {"__key__": f"{i:04d}", "cls": i}
+
+    manifest = shardflow.write_shards(fn, range(6), str(dst), max_count=4, workers=1)
+    assert seen == [True]
+    assert [s.samples for s in manifest.shards] == [4, 2]
+    assert not (dst / ".shardflow.lock").exists()  # released, and removed, at the end
+    again = shardflow.write_shards(fn, range(6), str(dst), max_count=4, workers=1)  # free again: resumes
+    assert [s.samples for s in again.shards] == [4, 2]

@@ -36,7 +36,8 @@ from typing import Any
 from .. import storage
 from ..errors import ConversionError, ShardflowError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
-from ..storage.urls import join_url, protocol_of
+from ..storage.locks import DestinationLock
+from ..storage.urls import join_url, local_path, protocol_of
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import make_executor
 from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
@@ -197,17 +198,29 @@ def run_conversion(
     Raises:
         DestinationExistsError: ``dest`` holds another dataset (see
             :mod:`shardflow.convert.destination`).
+        DestinationLockedError: another live writer (a conversion or a
+            :class:`~shardflow.ShardWriter`) holds the local ``dest``.
         ConversionError: a task failed; names the shard (and ``build``'s error
             names the input). Finished groups stay recorded, so a re-run resumes.
     """
-    io = options.io
     meta = dict(meta or {})
     identity = json.loads(json.dumps(
         identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
     ))  # fmt: skip
+    if not storage.is_local(dest):
+        return _convert(dest, inputs, build, context, meta, meta_at_end, options, progress, identity, client)
+    # one writer per local destination: a second conversion (or ShardWriter) into it is
+    # refused while this one runs; the kernel releases the lock however this process ends
+    with DestinationLock(os.path.abspath(local_path(dest))):
+        return _convert(dest, inputs, build, context, meta, meta_at_end, options, progress, identity, client)
+
+
+def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta: dict[str, Any],
+             meta_at_end: Callable[[], Mapping[str, Any]] | None, options: ConvertOptions,
+             progress: Callable[[int], None] | None, identity: Any, client: Any) -> Manifest:
+    """:func:`run_conversion` once the destination is locked (local) or known remote."""
+    io = options.io
     local = storage.is_local(dest)
-    if local:
-        os.makedirs(dest[len("file://") :] if dest.startswith("file://") else dest, exist_ok=True)
     previous = prepare_destination(dest, identity, prefix=options.prefix, resume=options.resume, overwrite=options.overwrite, io=io)
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
