@@ -758,3 +758,104 @@ def test_one_writer_per_destination_and_a_crashed_one_holds_nothing(tmp_path: Pa
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == ["shardflow.json", "train-000000.tar", "train-000000.tar.idx.npy"], names
     assert [s["__key__"] for s in ShardDataset(tmp_path / "out", decode=None)] == ["000000"]
+
+
+# ------------------------------------------------------------------ graphs pointing past their nodes, the CLI
+
+
+def _three_graphs(tmp_path: Path, bad) -> Path:
+    """Samples 000000-000002 with a ``pyg`` field each; 000001 is the graph ``bad``."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch_geometric")
+    from shardflow.graph import encode_graph
+    from torch_geometric.data import Data
+
+    good = Data(x=torch.zeros(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]))
+    folder = tmp_path / "graphs"
+    folder.mkdir()
+    raw = [encode_sample(sample_key(i), {"pyg": encode_graph(bad if i == 1 else good)}) for i in range(3)]
+    (folder / "g-000000.tar").write_bytes(b"".join(raw) + END_OF_ARCHIVE)
+    index_shards([str(folder / "g-000000.tar")])
+    return folder
+
+
+def _hetero_past_its_nodes():
+    import torch
+    from torch_geometric.data import HeteroData
+
+    g = HeteroData()
+    g["author"].x = torch.zeros(1, 3)
+    g["venue"].x = torch.zeros(4, 3)
+    g["author", "writes", "venue"].edge_index = torch.tensor([[0], [9]])
+    return g
+
+
+def _data_past_its_nodes():
+    import torch
+    from torch_geometric.data import Data
+
+    return Data(x=torch.zeros(3, 2), edge_index=torch.tensor([[0, 1], [1, 7]]))
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (_data_past_its_nodes, "edge_index[1] holds the node id 7, but the graph has 3 nodes"),
+        (_hetero_past_its_nodes, "('author', 'writes', 'venue').edge_index[1] holds the node id 9, but the graph has 4 nodes"),
+    ],
+)
+def test_edge_index_past_the_declared_nodes_is_named_by_every_reader(tmp_path: Path, make, said: str) -> None:
+    folder = _three_graphs(tmp_path, make())
+    with pytest.raises(DecodeError, match=r"g-000000\.tar.*'000001'.*" + re.escape(said)):
+        keys(ShardDataset(folder))
+    ds = ShardDataset(folder, on_error="skip")
+    got = list(ds)
+    assert [s["__key__"] for s in got] == ["000000", "000002"]
+    assert [s["pyg"].edge_index.tolist() for s in got] == [[[0, 1], [1, 2]]] * 2
+    assert ds.stats["decode"] == 1 and ds.stats["skipped"] == 1
+    ix = IndexedShardDataset(folder)
+    with pytest.raises(DecodeError, match=re.escape(said)):
+        ix[1]
+    assert ix[2]["__key__"] == "000002" and ix[2]["pyg"].num_nodes == 3
+    report = verify(folder, workers=1)
+    assert [(p.key, p.reason) for p in report] == [("000001", "decode")]
+    assert said in report[0].message
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str, str]:
+    from shardflow.cli import main
+
+    try:
+        rc = main(args)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.timeout(30)
+def test_cli_names_a_negative_size_header_in_every_command(tmp_path: Path, capsys) -> None:
+    url = write(tmp_path, "neg-000000.tar", six_with(NEGATIVE))
+    said = "neg-000000.tar: header at byte 6144 has a negative base-256 size field (-512)"
+    rc, out, _ = _cli(["inspect", url], capsys)
+    assert rc == 0 and "samples   3 " in out
+    assert f"warning   {url[:-len('neg-000000.tar')]}{said}" in out
+    rc, out, _ = _cli(["verify", url, "--workers", "1"], capsys)
+    assert rc == 1
+    assert f"FAIL {url}: bad_shard: header at byte 6144 has a negative base-256 size field (-512) (after sample '000002')" in out
+    rc, out, err = _cli(["index", url, "--out", str(tmp_path / "ix")], capsys)
+    assert rc == 1 and said in err
+    assert not (tmp_path / "ix" / "shardflow.json").exists()
+
+
+def test_inspect_warns_of_samples_it_could_not_read(tmp_path: Path) -> None:
+    from shardflow.inspect import summarize
+
+    url = write(tmp_path, "six.tar", six_with(encode_sample("000003", {"bin": b"\1" * 5000})))
+    info = summarize(url, workers=1, io=IOOptions(limits=Limits(max_member_bytes=4096)))
+    assert info["samples"] == 6
+    assert info["fields"] == {"cls": {"codec": "cls", "samples": 5}, "txt": {"codec": "txt", "samples": 5}}
+    assert info["errors"] == [
+        f"1 sample could not be read, the first: {url} key '000003': member '000003.bin' at byte 6144 declares "
+        "5000 bytes, over the limit of 4096 bytes (Limits.max_member_bytes; raise it to read larger members)"]
+    assert summarize(url, workers=1)["errors"] == []

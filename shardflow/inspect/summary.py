@@ -45,6 +45,8 @@ class _ScanResult:
     keys: list[str] = field(default_factory=list)
     graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
+    bad_samples: int = 0
+    first_bad: str | None = None
 
 
 def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
@@ -59,6 +61,9 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
             if len(res.keys) < task.keys:
                 res.keys.append(key)
             if isinstance(fields, SampleError):
+                res.bad_samples += 1
+                if res.first_bad is None:
+                    res.first_bad = f"{task.url} key {key!r}: {strip_url(str(fields), task.url)}"
                 continue
             res.fields.update(fields.keys())
             if task.label in fields:
@@ -192,7 +197,8 @@ def summarize(
         - ``sources``: per source ``label``, ``shards``, ``samples`` (None when
           unknown), ``weight``, ``manifest``, and with weights and
           ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.mixing`);
-        - ``errors``: shards that could not be read while scanning, and counts
+        - ``errors``: shards that could not be read while scanning, samples
+          whose members could not be read (a member over its limit), and counts
           that disagree with the manifest (run :func:`verify` for details).
 
     Raises:
@@ -271,6 +277,9 @@ def _add_scan(out: dict[str, Any], results: list[_ScanResult], m: Any, keys: int
             merge_graphs(graphs.setdefault(name, {}), acc)
         if len(out["first_keys"]) < keys:
             out["first_keys"].extend(r.keys[: keys - len(out["first_keys"])])
+        if r.bad_samples:
+            many = f"{r.bad_samples} samples" if r.bad_samples != 1 else "1 sample"
+            out["errors"].append(f"{many} could not be read, the first: {r.first_bad}")
         if r.error is not None:
             out["errors"].append(r.error)
     scanned_samples = sum(r.samples for r in results)
