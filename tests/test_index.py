@@ -81,3 +81,32 @@ def test_index_refuses_to_drop_shards_from_an_existing_manifest(tmp_path, capsys
     assert len(shardflow.ShardDataset(str(tmp_path))) == 10
     assert main(["index", str(tmp_path / "t-000000.tar"), "--force"]) == 0
     assert len(shardflow.ShardDataset(str(tmp_path))) == 4
+
+
+@pytest.mark.timeout(60)
+def test_cli_index_of_a_bucket_folder_with_storage_options(moto_server, s3_prefix, capsys):
+    # the README's "shardflow index writes one for shards from anywhere": a folder in a bucket, reached
+    # through --storage-option like every other command
+    opts = moto_server.storage_options
+    fs = moto_server.fs()
+    for i, n in enumerate([3, 2]):
+        body = b"".join(encode_member(f"{i}{k:05d}.txt", f"s{i}-{k}".encode()) for k in range(n)) + END_OF_ARCHIVE
+        fs.pipe(f"{s3_prefix}part-{i:06d}.tar", body)
+    fs.pipe(f"{s3_prefix}notes.txt", b"not a shard")
+    folder = s3_prefix.rstrip("/")
+    assert main(["index", folder, "--storage-option", json.dumps(opts)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("indexed 2 shards, 5 samples, 7.0 KiB in ") and out.endswith(f"-> {s3_prefix}shardflow.json\n")
+    manifest = json.loads(fs.cat(f"{s3_prefix}shardflow.json"))
+    assert [(s["url"], s["samples"]) for s in manifest["shards"]] == [("part-000000.tar", 3), ("part-000001.tar", 2)]
+    ds = shardflow.ShardDataset(folder, decode=None, storage_options=opts)
+    assert len(ds) == 5
+    assert [bytes(s["txt"]) for s in ds] == [b"s0-0", b"s0-1", b"s0-2", b"s1-0", b"s1-1"]
+    # a pattern through the same options; an empty folder is named
+    assert main(["index", f"{s3_prefix}part-{{000000..000001}}.tar", "--out", f"{s3_prefix}again",
+                 "--storage-option", json.dumps(opts)]) == 0
+    assert json.loads(fs.cat(f"{s3_prefix}again/shardflow.json"))["shards"][1]["samples"] == 2
+    fs.pipe(f"{s3_prefix}empty/readme.txt", b"x")
+    capsys.readouterr()
+    assert main(["index", f"{s3_prefix}empty", "--storage-option", json.dumps(opts)]) == 1
+    assert f"{s3_prefix}empty: no .tar shards in this folder" in capsys.readouterr().err

@@ -8,8 +8,8 @@ import sys
 import time
 
 from ..indexing import index_shards
-from ..storage import expand_urls
-from ..storage.urls import SHARD_SUFFIXES
+from ..storage import IOOptions, expand_urls, is_dir, list_glob
+from ..storage.urls import SHARD_SUFFIXES, join_url
 from .progress import progress_bar
 from .units import counted, human_bytes
 
@@ -26,23 +26,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=4, help="shards scanned at once (default 4)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing shardflow.json that lists shards this run does not index")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
+                   "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from .convert import storage_options
+
+    io = IOOptions(storage_options=storage_options(args.storage_option))
     urls = []
     for pattern in args.urls:
         if os.path.isdir(pattern):  # a local folder: its shards, sorted
             found = sorted(e.path for e in os.scandir(pattern) if e.is_file() and e.name.endswith(SHARD_SUFFIXES))
-            if not found:
-                raise FileNotFoundError(f"{pattern}: no .tar shards in this folder")
-            urls.extend(found)
+        elif "://" in pattern and not pattern.endswith(SHARD_SUFFIXES) and is_dir(pattern, io):  # a bucket folder
+            found = [u for u in list_glob(join_url(pattern, "*"), io) if u.endswith(SHARD_SUFFIXES)]
         else:
-            urls.extend(expand_urls(pattern))
-    _check_existing(urls, args.out, args.force)
+            urls.extend(expand_urls(pattern, io.storage_options))
+            continue
+        if not found:
+            raise FileNotFoundError(f"{pattern}: no .tar shards in this folder")
+        urls.extend(found)
+    _check_existing(urls, args.out, args.force, io)
     t0 = time.perf_counter()
     with progress_bar("index", total=len(urls), unit="shard") as update:
-        m = index_shards(urls, out=args.out, workers=args.workers, progress=update)
+        m = index_shards(urls, out=args.out, workers=args.workers, progress=update, io=io)
     dt = time.perf_counter() - t0
     print(
         f"indexed {counted(len(m.shards), 'shard')}, {counted(m.num_samples, 'sample')}, "
@@ -52,19 +61,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_existing(urls: list[str], out: str | None, force: bool) -> None:
+def _check_existing(urls: list[str], out: str | None, force: bool, io: IOOptions) -> None:
     """Refuse to replace a manifest that lists shards this run leaves out: their counts,
     and the converter's metadata (``class_to_idx``...), would be lost without a word."""
     from ..format.manifest import MANIFEST_NAME
     from ..source import load_manifest
-    from ..storage import IOOptions, exists
-    from ..storage.urls import join_url, parent_url
+    from ..storage import exists
+    from ..storage.urls import parent_url
 
     folders = {parent_url(u) for u in urls}
     if force or (out is None and len(folders) != 1):
         return  # (several folders without --out: index_shards says so)
     murl = join_url(out if out is not None else folders.pop(), MANIFEST_NAME)
-    io = IOOptions()
     if not exists(murl, io):
         return
     old = load_manifest(murl, io)
