@@ -221,7 +221,10 @@ class IndexedShardDataset(Dataset):
         if offsets is None:  # pragma: no cover - checked in __init__
             raise ManifestError(f"{url}: no offset index; run `shardflow index`", reason="missing_index")
         path = _local_path(url)
-        fd = os.open(path, os.O_RDONLY) if path is not None else None
+        try:
+            fd = os.open(path, os.O_RDONLY) if path is not None else None
+        except FileNotFoundError as e:
+            raise storage.ShardNotFoundError(f"shard not found: {url}") from e
         entry = _Shard(offsets, fd)
         try:
             head = os.pread(fd, 4, 0) if fd is not None else storage.read_range(url, 0, 4, self.io)

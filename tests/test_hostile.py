@@ -859,3 +859,50 @@ def test_inspect_warns_of_samples_it_could_not_read(tmp_path: Path) -> None:
         f"1 sample could not be read, the first: {url} key '000003': member '000003.bin' at byte 6144 declares "
         "5000 bytes, over the limit of 4096 bytes (Limits.max_member_bytes; raise it to read larger members)"]
     assert summarize(url, workers=1)["errors"] == []
+
+
+# ------------------------------------------------------------------ manifest fields of the wrong type
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda m: m.pop("shards"), '"shards" is missing, not a list of shard entries'),
+        (lambda m: m.update(shards={"a": 1}), '"shards" is a dict, not a list of shard entries'),
+        (lambda m: m["shards"].__setitem__(0, "train-000000.tar"), "shard entry 0 is a str, not an object"),
+        (lambda m: m["shards"][0].update(url=None), "shard entry 0 has no url (url is None)"),
+        (lambda m: m["shards"][0].update(url=""), "shard entry 0 has no url (url is '')"),
+        (lambda m: m["shards"][0].update(samples="6"), "shard entry 0 ('train-000000.tar'): samples is '6', not an integer"),
+        (lambda m: m["shards"][0].update(samples=True), "shard entry 0 ('train-000000.tar'): samples is True, not an integer"),
+        (lambda m: m["shards"][0].update(bytes=1.5), "shard entry 0 ('train-000000.tar'): bytes is 1.5, not an integer"),
+        (lambda m: m["shards"][0].update(index=7), "shard entry 0 ('train-000000.tar'): index is 7, not a string"),
+        (lambda m: m.update(fields=["txt"]), '"fields" is a list, not an object'),
+        (lambda m: m.update(meta=3), '"meta" is an int, not an object'),
+    ],
+)
+def test_manifest_entries_of_the_wrong_type_are_named_by_every_reader(tmp_path: Path, capsys, change, said: str) -> None:
+    # a string count was rounded through int(), a float size truncated (1.5 -> "1 bytes"), a null url
+    # opened the file "None", a manifest without "shards" read as an empty dataset that verify called OK
+    folder = make_shards(tmp_path, [6])
+    manifest = json.loads((folder / "shardflow.json").read_text())
+    change(manifest)
+    (folder / "shardflow.json").write_text(json.dumps(manifest))
+    want = re.escape(f"{folder / 'shardflow.json'}: {said}")
+    for on_error in ("raise", "skip"):
+        with pytest.raises(ManifestError, match=want):
+            keys(ShardDataset(folder, decode=None, on_error=on_error))
+    with pytest.raises(ManifestError, match=want):
+        IndexedShardDataset(folder, decode=None)
+    for command in ("inspect", "verify"):
+        rc, _, err = _cli([command, str(folder)], capsys)
+        assert rc == 1 and said in err
+
+
+def test_a_missing_shard_is_a_shardflow_error_for_random_access(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [3, 3])
+    (folder / "train-000001.tar").unlink()
+    ix = IndexedShardDataset(folder, decode=None)
+    assert ix[2]["__key__"] == "000002"
+    with pytest.raises(ShardflowError, match=re.escape(f"shard not found: {folder / 'train-000001.tar'}")) as e:
+        ix[3]
+    assert isinstance(e.value, FileNotFoundError) and isinstance(e.value.__cause__, FileNotFoundError)

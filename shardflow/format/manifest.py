@@ -123,7 +123,8 @@ class Manifest:
 
         Raises:
             ManifestError: not JSON, not a shardflow manifest, a newer version,
-                or an entry without ``url``/``samples``.
+                no ``shards`` list, or an entry whose ``url`` is not a string,
+                whose ``samples``/``bytes`` are not integers (or a negative count).
         """
         where = url or "<manifest>"
         try:
@@ -135,24 +136,42 @@ class Manifest:
         version = obj.get("version")
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise ManifestError(f"{where}: manifest version {version!r} is not supported (this shardflow reads <= {FORMAT_VERSION})")
-        shards = []
-        for i, entry in enumerate(obj.get("shards", [])):
-            try:
-                shards.append(
-                    ShardInfo(
-                        url=str(entry["url"]),
-                        samples=int(entry["samples"]),
-                        bytes=int(entry.get("bytes", -1)),
-                        sha256=entry.get("sha256"),
-                        index=entry.get("index"),
-                        sizes=entry.get("sizes"),
-                    )
-                )
-            except (KeyError, TypeError, ValueError) as e:
-                raise ManifestError(f"{where}: shard entry {i} is malformed ({entry!r}): {e}") from e
-            if shards[-1].samples < 0:
-                raise ManifestError(f"{where}: shard entry {i} has a negative sample count")
+        entries = obj.get("shards")
+        if not isinstance(entries, list):
+            raise ManifestError(f"{where}: \"shards\" is {_kind(entries)}, not a list of shard entries")
+        shards = [_shard_entry(entry, i, where) for i, entry in enumerate(entries)]
+        for name in ("fields", "meta"):
+            if not isinstance(obj.get(name, {}), dict):
+                raise ManifestError(f"{where}: \"{name}\" is {_kind(obj[name])}, not an object")
         return cls(shards=shards, fields=dict(obj.get("fields", {})), meta=dict(obj.get("meta", {})), url=url)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "missing"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _shard_entry(entry: Any, i: int, where: str) -> ShardInfo:
+    """One ``shards`` entry, checked: ``url`` a non-empty string, ``samples`` and ``bytes``
+    integers (not strings or floats, which a reader would round), the rest strings or null."""
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{where}: shard entry {i} is {_kind(entry)}, not an object")
+    url = entry.get("url")
+    if not isinstance(url, str) or not url:
+        raise ManifestError(f"{where}: shard entry {i} has no url (url is {url!r})")
+    samples, size = entry.get("samples"), entry.get("bytes", -1)
+    for name, value in (("samples", samples), ("bytes", size)):
+        if type(value) is not int:
+            raise ManifestError(f"{where}: shard entry {i} ({url!r}): {name} is {value!r}, not an integer")
+    if samples < 0:
+        raise ManifestError(f"{where}: shard entry {i} has a negative sample count")
+    for name in ("sha256", "index", "sizes"):
+        if entry.get(name) is not None and not isinstance(entry[name], str):
+            raise ManifestError(f"{where}: shard entry {i} ({url!r}): {name} is {entry[name]!r}, not a string")
+    return ShardInfo(url=url, samples=samples, bytes=size, sha256=entry.get("sha256"),
+                     index=entry.get("index"), sizes=entry.get("sizes"))
 
 
 def fields_of(names: Iterable[str]) -> dict[str, str]:
