@@ -227,3 +227,12 @@ def test_help_and_inspect_of_image_shards_do_not_import_torch(tmp_path: Path) ->
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.split() == ["0", "True", "False"]
+
+
+def test_a_path_with_nothing_to_read_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped path is not an empty dataset: the error is printed and the exit code is 1."""
+    missing = tmp_path / "no-such-folder"
+    assert main(["inspect", str(missing), "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    assert info["samples"] == 0
+    assert info["errors"] == [f"{missing}: shard not found: {missing}"]

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1, ensure_ascii=False))
     else:
         print(format_summary(info))
-    return 0
+    # nothing could be read (a mistyped path, a shard that is gone): not an empty dataset
+    return 1 if info["errors"] and not info["samples"] else 0
 
 
 def _n(x: int | None) -> str:

@@ -53,7 +53,10 @@ def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
     tensors: dict[str, torch.Tensor] = {}
     native = sys.byteorder == "little"
     for name, info in header.items():
-        dtype = ST_DTYPES[info["dtype"]]
+        dtype = ST_DTYPES.get(info.get("dtype")) if type(info) is dict and type(info.get("dtype")) is str else None
+        if dtype is None:
+            raise ValueError(f"tensor {name!r} has an unknown dtype {str(info.get('dtype') if type(info) is dict else info)[:40]!r} "
+                             f"(known: {', '.join(sorted(ST_DTYPES))})")
         shape = info["shape"]
         start, end = info["data_offsets"]
         if type(shape) is not list or type(start) is not int or type(end) is not int:
