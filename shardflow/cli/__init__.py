@@ -12,20 +12,40 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..errors import ShardflowError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_in"]
 
-# command modules, in the order `shardflow --help` lists them
-COMMANDS = ("convert", "index", "inspect", "verify", "show", "bench")
+# command modules, in the order `shardflow --help` lists them, with the one-line help each module's
+# register() gives its parser (tests/test_cli_startup.py checks that the two agree). A command's module
+# (and what it imports: storage, numpy, fsspec, torch) is imported only when that command runs, so
+# `shardflow --help` starts in well under a second.
+COMMANDS: dict[str, str] = {
+    "convert": "convert an image folder, a PyG dataset, arrays or text lines into shards",
+    "index": "write shardflow.json (counts, bytes, sha256, offsets) for existing shards",
+    "inspect": "summarize a dataset: shards, samples, fields, classes, graphs, first keys",
+    "verify": "check every shard against the manifest and decode every sample",
+    "show": "draw samples as a PNG grid: images with labels and keys, or graphs",
+    "bench": "measure streaming throughput: samples/s, MiB/s, time to first batch",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (every command registered)."""
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser.
+
+    Args:
+        commands: the commands whose modules are imported and whose full arguments are registered;
+            the others get a stub parser that only names them in ``shardflow --help``. ``None``
+            registers every command fully.
+
+    Returns:
+        The parser; a fully registered command's handler is ``args.func``.
+    """
     from .. import __version__
 
+    wanted = set(COMMANDS if commands is None else commands)
     parser = argparse.ArgumentParser(
         prog="shardflow",
         description="Pack training data into tar shards and stream them into PyTorch.",
@@ -34,20 +54,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            continue  # command not built yet
-        module.register(sub)
+    for name, summary in COMMANDS.items():
+        if name in wanted:
+            try:
+                module = importlib.import_module(f".{name}", __name__)
+            except ModuleNotFoundError as e:
+                if e.name != f"{__name__}.{name}":
+                    raise
+                continue  # command not built yet
+            module.register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command an argument list names: its first word that is not an option.
+
+    The top-level options (``-v``, ``--version``, ``-h``) take no value, so that word is the command
+    (or a misspelling of one, which the parser then reports). ``None`` when there is none.
+    """
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` console script; returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv)
+    parser = build_parser([command] if command in COMMANDS else [])
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
