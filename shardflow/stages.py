@@ -193,11 +193,14 @@ def _open_segment(
     stop: int,
     offsets: np.ndarray | None,
     io: storage.IOOptions,
+    walk: np.ndarray | None = None,
 ) -> _Opened:
     """Samples ``[start, stop)`` of one shard, seeking with the offset index if any.
 
     The shard's bytes start streaming at once (see :func:`storage.open_chunks`);
-    its size is checked against the manifest as it opens.
+    its size is checked against the manifest as it opens. ``walk``: without
+    ``offsets``, the offset index all the same, to walk the tar headers faster
+    (:func:`iter_samples`' ``walk_starts``; never trusted).
     """
     url = source.urls[shard]
     io = source.options_for(shard, io)  # a source's own storage options
@@ -211,7 +214,8 @@ def _open_segment(
     sha = manifest.shards[shard].sha256 if manifest is not None and stop >= manifest.shards[shard].samples else None
     raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha)
     chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
-    samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield", limits=io.limits)
+    samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield",
+                           limits=io.limits, walk_starts=walk)
     if sha:
         samples = _drained(samples, raw)
     return _Opened(raw, _from(samples, start) if start else samples)
@@ -259,7 +263,8 @@ def _seek_samples(
 ) -> Iterator[Any]:
     """Samples of the tar bytes ``[lo, hi)`` (``starts``: their offsets); a compressed shard gets an error that says so."""
     try:
-        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=starts)
+        yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=starts,
+                                walk_starts=starts)
     except ShardFormatError as e:
         try:
             compressed = storage.is_compressed(url, io)
@@ -442,7 +447,10 @@ def read_planned(
         # to fetch, one request fewer per shard and worker on a remote store.
         gap = gaps[shard]
         whole = counts is not None and start <= gap and counts[shard] - stop <= gap
-        return _open_segment(source, shard, start, stop, None if whole else offsets(shard), io)
+        # A local shard read whole still gets its offset index (one small local read), to walk
+        # its headers for many samples at once.
+        index = offsets(shard) if local or not whole else None
+        return _open_segment(source, shard, start, stop, None if whole else index, io, index)
 
     # segments opened early are opened in a background thread (loading the offset
     # index is a request too); an error is raised when the segment is reached

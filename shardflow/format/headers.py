@@ -13,8 +13,9 @@ from __future__ import annotations
 from ..errors import SampleError, ShardFormatError
 from .limits import Limits
 
-__all__ = ["REGULAR", "SKIP_DATA", "EXTENDED", "KNOWN", "parse_number", "parse_pax", "check_extended_size", "member_error"]
+__all__ = ["BLOCK", "REGULAR", "SKIP_DATA", "EXTENDED", "KNOWN", "parse_number", "parse_pax", "check_extended_size", "member_error"]
 
+BLOCK = 512  # bytes in a tar block: a header, and the unit member data is padded to
 REGULAR = (b"0", b"\0", b"7")  # regular file, old-style regular, contiguous file
 SKIP_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, dirs, fifos: no sample
 EXTENDED = (b"L", b"K", b"x", b"g")  # GNU long name/link, PAX per-member and global records

@@ -23,8 +23,9 @@ import numpy as np
 
 from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .keys import split_name
-from .headers import EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_size, member_error, parse_number, parse_pax
+from .headers import BLOCK, EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_size, member_error, parse_number, parse_pax
 from .limits import DEFAULT_LIMITS, Limits
+from .spans import checked_members, indexed_heads
 
 __all__ = [
     "BLOCK",
@@ -37,7 +38,6 @@ __all__ = [
     "encode_sample",
 ]
 
-BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZERO_BLOCK = b"\0" * BLOCK
 _BIG = 1 << 20  # members at least this large are read into one growing bytearray, never joined
@@ -118,7 +118,13 @@ def iter_members(
 
 
 def member_runs(
-    chunks: Iterable[bytes], url: str, start: int = 0, *, end: int | None = None, limits: Limits = DEFAULT_LIMITS
+    chunks: Iterable[bytes],
+    url: str,
+    start: int = 0,
+    *,
+    end: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    starts: np.ndarray | None = None,
 ) -> Generator[Sequence[Member], None, int]:
     """Yield the regular-file members of a tar stream, in runs.
 
@@ -139,6 +145,11 @@ def member_runs(
         end: absolute offset at which to stop (a header boundary), or None for
             the end-of-archive marker or end of stream.
         limits: the largest member and extended header read (see :class:`Limits`).
+        starts: int64 absolute offsets where samples start, strictly increasing
+            (the offset index's entries for the range, its end included), or
+            None. With them, the plain members of whole samples are walked for
+            many samples at once (see :func:`.spans.indexed_heads`); what is
+            read is the same.
 
     Yields:
         ``(name, header_offset, data)``: the member path (PAX/GNU long names
@@ -198,7 +209,19 @@ def member_runs(
             empty = False
             if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
                 # Plain members (most of any shard) parsed in bulk, same checks, see _plain_members
-                members, pos = _plain_members(buf, pos, base, stop, limits.max_member_bytes, run)
+                members: list[Member] = []
+                bound = stop
+                if starts is not None:
+                    heads, sizes = indexed_heads(buf, pos, base, stop, limits.max_member_bytes, run, starts)
+                    members = checked_members(buf, base, heads, sizes)
+                    if members:
+                        pos = heads[len(members) - 1] + BLOCK + ((sizes[len(members) - 1] + BLOCK - 1) & ~(BLOCK - 1))
+                    else:  # mid-sample (after a member read by the general path): walk to the next start
+                        after = int(np.searchsorted(starts, offset, side="right"))
+                        if after < len(starts):
+                            bound = int(starts[after]) if stop < 0 else min(stop, int(starts[after]))
+                if not members:
+                    members, pos = _plain_members(buf, pos, base, bound, limits.max_member_bytes, run)
                 run = min(2 * run, _RUN)  # short runs first: the first sample comes soon
                 if members:
                     yield members
@@ -283,8 +306,6 @@ def member_runs(
 
 
 _RUN = 4096  # most members parsed in one run (their headers are gathered: 2 MiB)
-_POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a checksum field
-_HEADER = np.arange(BLOCK, dtype=np.int64)
 
 
 def _plain_members(
@@ -335,23 +356,11 @@ def _plain_members(
         p = nxt
     if not heads:
         return [], pos
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    hdr = arr[np.asarray(heads, dtype=np.int64)[:, None] + _HEADER]
-    chk = hdr[:, 148:154].astype(np.int64) - 48
-    computed = hdr.sum(axis=1, dtype=np.int64) - hdr[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-    good = (chk @ _POW8_CHK == computed) & ((chk >= 0) & (chk <= 7)).all(axis=1)
-    if not good.all():
-        n = int(np.argmin(good))  # the general path reads (and reports) the bad one
-        if n == 0:
-            return [], pos
-        heads, sizes, hdr = heads[:n], sizes[:n], hdr[:n]
-    nul = hdr[:, :100] == 0
-    name_len = np.where(nul.any(axis=1), nul.argmax(axis=1), 100).tolist()
-    members = [
-        (buf[p : p + n].decode("utf-8", "surrogateescape"), base + p, buf[p + BLOCK : p + BLOCK + size])
-        for p, n, size in zip(heads, name_len, sizes)
-    ]
-    return members, heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
+    members = checked_members(buf, base, heads, sizes)
+    if not members:
+        return [], pos
+    last = len(members) - 1
+    return members, heads[last] + BLOCK + ((sizes[last] + BLOCK - 1) & ~(BLOCK - 1))
 
 
 def _member_name(
@@ -405,6 +414,7 @@ def iter_samples(
     sample_errors: str = "raise",
     limits: Limits = DEFAULT_LIMITS,
     starts: Collection[int] | None = None,
+    walk_starts: Collection[int] | None = None,
 ) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
     """Group a tar stream's members into samples.
 
@@ -421,6 +431,11 @@ def iter_samples(
         starts: the offsets where samples start (the offset index's entries
             for this range), or None. They tell a damaged header that starts a
             sample from one inside a sample (see below).
+        walk_starts: offsets where samples are said to start (an offset index,
+            its end included), or None: used only to walk plain headers for
+            many samples at once (see :func:`member_runs`). Never trusted: a
+            sample's walk must land exactly on the next offset, so what is read
+            is the same with any offsets, right, stale or none.
 
     Yields:
         ``(key, offset, fields)``: the key, the absolute offset of the sample's
@@ -448,7 +463,7 @@ def iter_samples(
     sample_offset = start
     count = 0
     try:
-        for run in member_runs(chunks, url, start, end=end, limits=limits):
+        for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts)):
             for name, offset, data in run:  # a run is a list: no generator step per member
                 # key/field split as in split_name(), inlined: this loop runs once per member
                 slash = name.rfind("/") + 1
@@ -509,6 +524,14 @@ def iter_samples(
         raise
     if key is not None and fields is not None:
         yield key, sample_offset, fields
+
+
+def _increasing(starts: Collection[int] | None) -> np.ndarray | None:
+    """``starts`` as int64 offsets if they strictly increase (as a sound index's do), else None."""
+    if starts is None or len(starts) < 2:
+        return None
+    arr = np.asarray(starts, dtype=np.int64)
+    return arr if arr.ndim == 1 and bool((arr[1:] > arr[:-1]).all()) else None
 
 
 def _ends_sample(err: ShardFormatError, key: str, starts: Collection[int] | None) -> bool:
