@@ -131,4 +131,4 @@ def test_the_plot_shows_the_rate_that_is_printed(images: Path, tmp_path: Path, c
     low, high = out["samples"] / (out["seconds"] + 5e-5), out["samples"] / max(out["seconds"] - 5e-5, 1e-9)
     assert low - 0.005 <= out["samples_per_s"] <= high + 0.005
     # the pass ends with its last batch: the rate is not diluted by the workers' shut-down
-    assert out["seconds"] >= drawn["timeline"][-1][0]
+    assert out["seconds"] + 5e-5 >= drawn["timeline"][-1][0]  # "seconds" is rounded to 0.1 ms
