@@ -270,7 +270,8 @@ def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOO
         if why is not None:
             raise ManifestError(
                 f"{murl}: the {what} URL {rel!r} {why}: a manifest's URLs must be relative paths under its "
-                "folder (pass io=IOOptions(trust_manifest_urls=True) to open it anyway)",
+                "folder (pass io=IOOptions(trust_manifest_urls=True), or --trust-manifest-urls on the command "
+                "line, to open it anyway)",
                 reason="manifest_url",
             )
     return join_url(folder, rel)

@@ -1,10 +1,10 @@
-"""Shared CLI pieces: nested --storage-option values, counts with the right plural."""
+"""Shared CLI pieces: nested --storage-option values, --trust-manifest-urls, counts with the right plural."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardflow.cli.convert import storage_options
+from shardflow.cli.options import storage_options
 from shardflow.cli.units import counted
 
 
@@ -51,3 +51,60 @@ def test_counted():
     assert counted(0, "shard") == "0 shards"
     assert counted(1200, "sample") == "1,200 samples"
     assert counted(2, "batch", "batches") == "2 batches"
+
+
+def _dataset_listing_a_shard_outside(tmp_path):
+    """A manifest in ``ds/`` whose one shard lives in ``elsewhere/`` (an absolute path)."""
+    import json
+
+    import shardflow
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with shardflow.ShardWriter(str(elsewhere / "train-%06d.tar")) as w:
+        for i in range(3):
+            w.write({"__key__": f"{i:03d}", "cls": i})
+    manifest = json.loads((elsewhere / "shardflow.json").read_text())
+    for shard in manifest["shards"]:
+        shard["url"] = str(elsewhere / shard["url"])
+        shard.pop("index", None)
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "shardflow.json").write_text(json.dumps(manifest))
+    return str(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_trust_manifest_urls_flag_opens_a_manifest_listing_shards_elsewhere(tmp_path, capsys, command):
+    from shardflow.cli import main
+
+    ds = _dataset_listing_a_shard_outside(tmp_path)
+    assert main([command, ds]) == 1
+    err = capsys.readouterr().err
+    assert "is an absolute path" in err and "--trust-manifest-urls" in err
+    assert main([command, ds, "--trust-manifest-urls"]) == 0
+    assert "3 samples" in capsys.readouterr().out
+
+
+def test_trust_manifest_urls_config_key(tmp_path):
+    from shardflow.config import ConfigError, PipelineConfig, dataset_from_config
+    from shardflow.errors import ManifestError
+
+    ds = _dataset_listing_a_shard_outside(tmp_path)
+    with pytest.raises(ManifestError, match="is an absolute path"):
+        dataset_from_config({"source": ds, "decode": None})
+    got = [int(s["cls"]) for s in dataset_from_config({"source": ds, "decode": None, "trust_manifest_urls": True})]
+    assert got == [0, 1, 2]
+    with pytest.raises(ConfigError, match="trust_manifest_urls"):
+        PipelineConfig(source=ds, trust_manifest_urls="yes")
+
+
+def test_index_refuses_a_manifest_given_as_a_shard(tmp_path, capsys):
+    import shardflow
+    from shardflow.cli import main
+
+    with shardflow.ShardWriter(str(tmp_path / "train-%06d.tar")) as w:
+        w.write({"__key__": "a", "cls": 1})
+    before = (tmp_path / "shardflow.json").read_bytes()
+    assert main(["index", str(tmp_path / "shardflow.json")]) == 1
+    assert "this is a manifest, not a shard" in capsys.readouterr().err
+    assert (tmp_path / "shardflow.json").read_bytes() == before

@@ -21,6 +21,7 @@ from typing import Any
 from ..codecs import IMAGE_FIELD, is_image_field
 from ..config import PipelineConfig, load_config, loader_from_config
 from ..errors import missing_dependency
+from .options import add_io_arguments, storage_options
 from .progress import progress_bar
 from .units import counted, human_bytes
 
@@ -47,16 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: one full epoch)")
     parser.add_argument("--plot", metavar="OUT.png", help="save throughput over time as a PNG")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
-                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
+    add_io_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:
     """The pipeline config: ``--config`` (or defaults), then the flags given."""
-    from .convert import storage_options
-
     if args.config:
         cfg = load_config(args.config)
         changes: dict[str, Any] = {}
@@ -87,6 +84,8 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         changes["resize"] = dims[0] if len(dims) == 1 else dims
     if args.storage_option:
         changes["storage_options"] = {**cfg.storage_options, **storage_options(args.storage_option)}
+    if args.trust_manifest_urls:
+        changes["trust_manifest_urls"] = True
     return cfg.replace(**changes) if changes else cfg
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .options import storage_options
 from .progress import progress_bar
 from .units import counted
 
@@ -63,55 +64,6 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
         metavar="KEY=VALUE",
         help="fsspec storage option for a remote SRC or DST (repeatable)",
     )
-
-
-def storage_options(pairs: list[str]) -> dict[str, Any]:
-    """Parse repeated ``--storage-option`` values into one nested mapping.
-
-    Each value is ``KEY=VALUE`` or a JSON object. A dotted key nests
-    (``client_kwargs.endpoint_url=http://127.0.0.1:9000`` gives
-    ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``); a VALUE that is
-    JSON (an object, a list, a number, ``true``/``false``/``null``, a quoted string)
-    is taken as that value, anything else as a string. Later values merge into
-    earlier ones, nested mappings key by key.
-
-    Raises:
-        ValueError: a value that is neither ``KEY=VALUE`` nor a JSON object, or a key
-            that is set both to a mapping and to a plain value.
-    """
-    out: dict[str, Any] = {}
-    for p in pairs:
-        if p.lstrip().startswith("{"):
-            try:
-                value = json.loads(p)
-            except ValueError as e:
-                raise ValueError(f"--storage-option {p!r}: not a JSON object ({e})") from e
-            _merge_option(out, value, p)
-            continue
-        k, sep, v = p.partition("=")
-        if not sep or not k or any(not part for part in k.split(".")):
-            raise ValueError(f"--storage-option needs KEY=VALUE (KEY may be dotted: a.b=c) or a JSON object, got {p!r}")
-        try:
-            value = json.loads(v)
-        except ValueError:
-            value = v
-        for part in reversed(k.split(".")):
-            value = {part: value}
-        _merge_option(out, value, p)
-    return out
-
-
-def _merge_option(into: dict[str, Any], new: Any, given: str) -> None:
-    if not isinstance(new, dict):
-        raise ValueError(f"--storage-option {given!r}: expected a JSON object, got {type(new).__name__}")
-    for k, v in new.items():
-        old = into.get(k)
-        if isinstance(old, dict) and isinstance(v, dict):
-            _merge_option(old, v, given)
-        elif isinstance(old, dict) or (k in into and isinstance(v, dict)):
-            raise ValueError(f"--storage-option {given!r}: {k!r} is set both to a mapping and to a value")
-        else:
-            into[k] = v
 
 
 def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:

@@ -10,6 +10,7 @@ import time
 from ..indexing import index_shards
 from ..storage import IOOptions, expand_urls, is_dir, list_glob
 from ..storage.urls import SHARD_SUFFIXES, join_url
+from .options import add_io_arguments, io_options
 from .progress import progress_bar
 from .units import counted, human_bytes
 
@@ -26,22 +27,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=4, help="shards scanned at once (default 4)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing shardflow.json that lists shards this run does not index")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
-                   "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
+    add_io_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .convert import storage_options
-
-    io = IOOptions(storage_options=storage_options(args.storage_option))
+    io = io_options(args)
     urls = []
     for pattern in args.urls:
         if os.path.isdir(pattern):  # a local folder: its shards, sorted
             found = sorted(e.path for e in os.scandir(pattern) if e.is_file() and e.name.endswith(SHARD_SUFFIXES))
         elif "://" in pattern and not pattern.endswith(SHARD_SUFFIXES) and is_dir(pattern, io):  # a bucket folder
             found = [u for u in list_glob(join_url(pattern, "*"), io) if u.endswith(SHARD_SUFFIXES)]
+        elif pattern.rstrip("/").endswith(".json"):
+            raise ValueError(
+                f"{pattern}: this is a manifest, not a shard; `shardflow index` reads shards and writes the "
+                "manifest: give the shards' folder, a pattern or the shard URLs"
+            )
         else:
             urls.extend(expand_urls(pattern, io.storage_options))
             continue

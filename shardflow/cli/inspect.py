@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..inspect import summarize
-from ..storage import IOOptions
+from .options import add_io_arguments, io_options
 from .progress import progress_bar, total_samples
 from .units import counted, human_bytes
 
@@ -35,16 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-graphs", type=int, default=None, metavar="N",
                         help="decode at most N graphs per shard for graph statistics (default all)")
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="scanning processes (default: CPUs)")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
-                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
+    add_io_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .convert import storage_options
-
-    io = IOOptions(storage_options=storage_options(args.storage_option))
+    io = io_options(args)
     source, per_epoch = args.url, None
     if str(args.url).endswith((".yaml", ".yml")):  # a pipeline config: its sources (a union or a mixture)
         from ..config import dataset_from_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..storage import IOOptions
+from .options import add_io_arguments, io_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,17 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--label", default="cls", help="field shown as label (default cls; '' for none)")
     parser.add_argument("--tile", type=int, default=160, help="tile size in pixels (default 160)")
     parser.add_argument("--first", action="store_true", help="draw the first N samples instead of N spread over the dataset")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
-                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
+    add_io_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..show import save_grid
-    from .convert import storage_options
-
-    io = IOOptions(storage_options=storage_options(args.storage_option))
+    io = io_options(args)
     grid = save_grid(
         args.out, args.url, n=args.n, cols=args.cols, field=args.field, label=args.label or None,
         tile=args.tile, spread=not args.first, io=io,

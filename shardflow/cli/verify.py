@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..inspect import verify
-from ..storage import IOOptions
+from .options import add_io_arguments, io_options
 from .progress import progress_bar, total_samples
 from .units import counted, human_bytes
 
@@ -27,16 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-problems", type=int, default=50, metavar="N",
                         help="problems to print (default 50; all are counted)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
-                        "(client_kwargs.endpoint_url=URL), JSON values and objects accepted")
+    add_io_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .convert import storage_options
-
-    io = IOOptions(storage_options=storage_options(args.storage_option))
+    io = io_options(args)
     with progress_bar("verifying", total=total_samples(args.url, io), unit="sample") as update:
         report = verify(
             args.url, decode=not args.no_decode, uniform_fields=not args.mixed_fields,
