@@ -60,19 +60,26 @@ def http_url(shards):
         proc.wait(30)
 
 
-def idle_http_connections() -> int:
-    """Keep-alive connections idle in the pools of fsspec's HTTP sessions (shardflow's
-    reads share them). They are reused by the next read, not leaked; a connection
-    still held by a response is not idle and counts as in use."""
+def idle_http_sockets() -> set[int]:
+    """File descriptors of the keep-alive connections idle in the pools of fsspec's HTTP
+    sessions (shardflow's reads share them). They are reused by the next read, not leaked;
+    a connection still held by a response is not idle and counts as in use. A pooled
+    connection the server has closed meanwhile has no peer address any more but is still
+    the pool's (aiohttp drops it on its next cleanup): it counts here too."""
     http = sys.modules.get("fsspec.implementations.http")
     if http is None:
-        return 0
-    idle = 0
+        return set()
+    fds = set()
     for fs in list(http.HTTPFileSystem._cache.values()):  # existing instances only: creating one starts a thread
         connector = getattr(getattr(fs, "_session", None), "connector", None)
-        if connector is not None:
-            idle += sum(len(v) for v in connector._conns.values())  # aiohttp's pool of idle connections
-    return idle
+        if connector is None:
+            continue
+        for conns in list(connector._conns.values()):  # aiohttp's pool: (protocol, last use) pairs
+            for proto, _ in list(conns):
+                sock = proto.transport.get_extra_info("socket") if proto.transport is not None else None
+                if sock is not None and sock.fileno() >= 0:
+                    fds.add(sock.fileno())
+    return fds
 
 
 def resources() -> tuple[int, int, frozenset, frozenset]:
@@ -80,10 +87,11 @@ def resources() -> tuple[int, int, frozenset, frozenset]:
     child processes). Threads and processes are sets: servers started by other tests
     in this process may end theirs meanwhile, but none may start and stay."""
     me = psutil.Process()
-    connected = sum(1 for c in me.net_connections(kind="inet") if c.raddr)
+    connected = {c.fd for c in me.net_connections(kind="inet") if c.raddr}
+    idle = idle_http_sockets()
     threads = frozenset(t.ident for t in threading.enumerate())
     children = frozenset(c.pid for c in me.children(recursive=True) if not _helper(c))
-    return me.num_fds() - connected, connected - idle_http_connections(), threads, children
+    return me.num_fds() - len(connected | idle), len(connected - idle), threads, children
 
 
 def _helper(proc) -> bool:
