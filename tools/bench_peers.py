@@ -544,6 +544,8 @@ def main() -> int:
         args.small, args.photos, args.repeat = min(args.small, 2000), min(args.photos, 400), 1
     libs = []
     for lib in args.only.split(","):
+        if lib not in LIBS:  # `tar cf` is every run's conversion floor, not a reader
+            raise SystemExit(f"--only: unknown library {lib!r}; choose from {', '.join(LIBS)}")
         why = available(lib)
         if why is None:
             libs.append(lib)
