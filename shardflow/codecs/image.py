@@ -31,6 +31,13 @@ What comes out, whatever was stored:
   applied by default, exactly as :func:`PIL.ImageOps.exif_transpose` does.
 * Multi-frame files (GIF, APNG, multi-page TIFF, animated WebP) give their first frame.
 
+JPEGs decoded to arrays or tensors skip ``Image.open``: the header is parsed over the bytes in
+memory and Pillow's own ``jpeg`` decoder runs through ``Image.frombytes`` with the arguments
+``Image.open`` would give it, so the pixels are Pillow's (1.3-1.5x faster on 64x64 JPEGs; see
+:mod:`shardflow.codecs.jpeg`). CMYK/YCCK, 12-bit, arithmetic-coded JPEGs, JPEGs with EXIF or
+XMP metadata while ``exif_transpose`` is on, corrupt ones and the ``"pil"`` form (a
+``JpegImageFile`` with its ``info``) take ``Image.open`` as before.
+
 Pixel limit and Pillow's global state. ``decode_image`` refuses an image whose header declares
 more than ``max_pixels`` pixels before any pixel is decoded. Pillow's own decompression-bomb
 guard reads the process-wide ``PIL.Image.MAX_IMAGE_PIXELS``; changing that (or installing a
@@ -56,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
+from shardflow.codecs.jpeg import decode_jpeg_pillow, decode_jpeg_simplejpeg, read_jpeg_header
 from shardflow.errors import DecodeError
 from shardflow.format.keys import IMAGE_EXTENSIONS
 
@@ -162,10 +170,56 @@ def decode_image(
         if jpeg_decoder not in JPEG_DECODERS:
             raise ValueError(f"jpeg_decoder must be one of {JPEG_DECODERS}, got {jpeg_decoder!r}")
         if form != "pil" and mode == "RGB" and data[:2] == b"\xff\xd8":
-            fast = _simplejpeg_rgb(data, max_pixels, exif_transpose)
+            fast = decode_jpeg_simplejpeg(data, max_pixels, exif_transpose)
             if fast is not None:
                 return fast if form == "numpy" else _chw_tensor(fast)
 
+    img = _load_jpeg(data, max_pixels, exif_transpose) if form != "pil" else None
+    depth = None
+    if img is None:
+        img = _load(data, max_pixels)
+        # Read the sample depth now: transposing gives a plain Image without format or TIFF tags.
+        depth = _sample_depth(img)
+        if exif_transpose:
+            img = _apply_orientation(img)
+    try:
+        img = _convert(img, mode, depth)
+    except Exception as e:
+        raise DecodeError(
+            f"cannot convert {img.format or 'JPEG'} image of mode {img.mode} to {mode}: {e}"
+        ) from e
+
+    if form == "pil":
+        return img
+    array = np.asarray(img)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if form == "numpy":
+        return array
+    return _chw_tensor(array)
+
+
+def _load_jpeg(data: bytes, max_pixels: int | None, exif_transpose: bool) -> Image.Image | None:
+    """A JPEG decoded by Pillow without ``Image.open`` (see :mod:`shardflow.codecs.jpeg`), or
+    None where the full path must run: not such a JPEG, EXIF/XMP metadata while
+    ``exif_transpose`` is on (Pillow reads the orientation), or data Pillow's decoder stopped
+    on (the full path then reports Pillow's error)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"image data must be bytes-like, got {type(data).__name__}")
+    header = read_jpeg_header(data)
+    if header is None or (exif_transpose and header.has_app1):
+        return None
+    width, height = header.width, header.height
+    if max_pixels is not None and width * height > max_pixels:
+        raise DecodeError(
+            f"JPEG image of {width}x{height} = {width * height} pixels exceeds "
+            f"max_pixels={max_pixels}; pass a larger max_pixels (or None) to decode it"
+        )
+    return decode_jpeg_pillow(data, header)
+
+
+def _load(data: bytes, max_pixels: int | None) -> ImageFile.ImageFile:
+    """Identify, check the pixel limit, decode: ``Image.open(...).load()`` minus the global check."""
     img = _open_header(data)
     fmt = img.format
     width, height = img.size
@@ -186,26 +240,7 @@ def decode_image(
             f"cannot decode {fmt} image of {width}x{height} "
             f"({len(data)} bytes): {type(e).__name__}: {e}"
         ) from e
-
-    # Read the sample depth now: transposing gives a plain Image without format or TIFF tags.
-    depth = _sample_depth(img)
-    if exif_transpose:
-        img = _apply_orientation(img)
-    try:
-        img = _convert(img, mode, depth)
-    except Exception as e:
-        raise DecodeError(
-            f"cannot convert {fmt} image of mode {img.mode} to {mode}: {e}"
-        ) from e
-
-    if form == "pil":
-        return img
-    array = np.asarray(img)
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if form == "numpy":
-        return array
-    return _chw_tensor(array)
+    return img
 
 
 def _chw_tensor(array: np.ndarray) -> torch.Tensor:
@@ -213,47 +248,6 @@ def _chw_tensor(array: np.ndarray) -> torch.Tensor:
 
     # One copy into CHW order, which also makes it writable (Pillow's array is read-only).
     return torch.from_numpy(np.array(array.transpose(2, 0, 1), order="C"))
-
-
-def _simplejpeg_rgb(data: bytes, max_pixels: int | None, exif_transpose: bool) -> np.ndarray | None:
-    """RGB uint8 (H, W, 3) from simplejpeg, or None where Pillow must decode (see decode_image)."""
-    import simplejpeg  # checked by DecodeOptions; imported once by preload()
-
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except Exception:  # noqa: BLE001 - Pillow decodes it, or raises the error to report
-        return None
-    if colorspace not in ("YCbCr", "Gray"):
-        return None
-    if max_pixels is not None and width * height > max_pixels:
-        raise DecodeError(
-            f"JPEG image of {width}x{height} = {width * height} pixels exceeds "
-            f"max_pixels={max_pixels}; pass a larger max_pixels (or None) to decode it"
-        )
-    if exif_transpose and _jpeg_has_app1(data):
-        return None  # EXIF or XMP: Pillow applies the orientation
-    try:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB")
-    except Exception:  # noqa: BLE001 - as above
-        return None
-
-
-def _jpeg_has_app1(data: bytes) -> bool:
-    """Whether a JPEG has an APP1 segment (EXIF or XMP) before its scan; True when unsure."""
-    pos, end = 2, len(data)
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return True
-        marker = data[pos + 1]
-        if marker == 0xDA:  # start of scan: no more metadata segments
-            return False
-        if marker == 0xE1:
-            return True
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-    return True
 
 
 def image_size(data: bytes) -> tuple[int, int]:
