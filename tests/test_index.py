@@ -110,3 +110,45 @@ def test_cli_index_of_a_bucket_folder_with_storage_options(moto_server, s3_prefi
     capsys.readouterr()
     assert main(["index", f"{s3_prefix}empty", "--storage-option", json.dumps(opts)]) == 1
     assert f"{s3_prefix}empty: no .tar shards in this folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(1001, dtype=np.int64) * 512,  # what shardflow writes: the plain header
+        np.zeros(1, dtype=np.int64),
+        np.arange(4, dtype=np.uint32) * 512,
+        np.arange(4, dtype=">i8") * 512,  # other headers: numpy's own parser
+        np.asfortranarray(np.arange(6, dtype=np.int64).reshape(3, 2)),
+        np.arange(6, dtype=np.int64).reshape(3, 2),
+    ],
+)
+def test_index_files_parse_to_the_arrays_numpy_wrote(arr):
+    import io
+
+    from shardflow.format.manifest import decode_offsets, decode_sizes
+
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    if arr.ndim == 1:
+        got = decode_offsets(buf.getvalue(), "idx", len(arr) - 1)
+    else:
+        got = decode_sizes(buf.getvalue(), "sizes", arr.shape[0], arr.shape[1])
+    assert got.dtype == np.int64 and got.flags.writeable
+    assert got.tolist() == arr.tolist()
+
+
+def test_plain_index_header_that_lies_about_its_length_is_refused():
+    import io
+
+    from shardflow.errors import ManifestError
+    from shardflow.format.manifest import decode_offsets
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(5, dtype=np.int64) * 512)
+    data = buf.getvalue()
+    with pytest.raises(ManifestError, match="holds 32 bytes of data"):
+        decode_offsets(data[:-8], "idx", 4)  # one entry cut off
+    lying = data.replace(b"(5,)", b"(6,)")
+    with pytest.raises(ManifestError, match="holds 40 bytes of data, but its header declares 48"):
+        decode_offsets(lying, "idx", 5)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,34 +217,58 @@ def check_counts(manifest: Manifest, limits: Limits) -> None:
             )
 
 
+# The header np.save writes for a little-endian integer array in C order (what shardflow
+# writes), matched exactly; any other header is parsed by numpy's own (slower) parser.
+_NPY_PLAIN = re.compile(rb"\{'descr': '([<|][iu][1248])', 'fortran_order': False, 'shape': \(((?:\d+, )*\d*),?\), \} *\n")
+
+
+def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` in shardflow's plain form, or None."""
+    if data[:8] != b"\x93NUMPY\x01\x00" or len(data) < 10:
+        return None
+    end = 10 + int.from_bytes(data[8:10], "little")
+    m = _NPY_PLAIN.fullmatch(data, 10, end)
+    if m is None:
+        return None
+    shape = tuple(int(d) for d in m.group(2).split(b", ") if d)
+    return shape, False, np.dtype(m.group(1).decode("ascii")), end
+
+
 def _load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.ndarray:
-    """An integer ``.npy`` of exactly ``shape``, its header checked before any array is allocated."""
-    buf = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(buf)
-        if version == (1, 0):
-            found, _, dtype = np.lib.format.read_array_header_1_0(buf)
-        else:
-            found, _, dtype = np.lib.format.read_array_header_2_0(buf)
-    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/OSError/SyntaxError on bad headers
-        raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
-    if tuple(found) != shape or dtype.kind not in "iu" or dtype.hasobject:
+    """An integer ``.npy`` of exactly ``shape``, its header checked before any array is allocated.
+
+    The header is parsed once (shardflow's own plain form by a strict pattern, any
+    other by numpy's parser, never by evaluating it) and the data then read with
+    ``np.frombuffer``: nothing is unpickled.
+    """
+    head = _npy_header(data)
+    if head is None:
+        buf = io.BytesIO(data)
+        try:
+            version = np.lib.format.read_magic(buf)
+            if version == (1, 0):
+                found, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+            else:
+                found, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
+        except Exception as e:  # noqa: BLE001 - numpy raises ValueError/OSError/SyntaxError on bad headers
+            raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
+        head = (tuple(found), fortran, dtype, buf.tell())
+    found, fortran, dtype, at = head
+    if found != shape or dtype.kind not in "iu" or dtype.hasobject:
         raise ManifestError(
-            f"{url}: {what} has shape {tuple(found)} and dtype {dtype}, expected int64 {shape}", reason="bad_index"
+            f"{url}: {what} has shape {found} and dtype {dtype}, expected int64 {shape}", reason="bad_index"
         )
-    if len(data) - buf.tell() != dtype.itemsize * int(np.prod(shape)):
+    count = int(np.prod(shape))
+    if len(data) - at != dtype.itemsize * count:
         raise ManifestError(
-            f"{url}: {what} holds {len(data) - buf.tell()} bytes of data, but its header declares "
-            f"{dtype.itemsize * int(np.prod(shape))}",
+            f"{url}: {what} holds {len(data) - at} bytes of data, but its header declares "
+            f"{dtype.itemsize * count}",
             reason="bad_index",
         )
-    try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - as above
-        raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=at).reshape(shape, order="F" if fortran else "C")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ManifestError(f"{url}: {what} holds {int(arr.max())}, past any int64 offset", reason="bad_index")
-    return arr.astype(np.int64, copy=False)
+    return np.array(arr, dtype=np.int64)  # a writable copy, in native byte order
 
 
 def decode_sizes(data: bytes, url: str, samples: int, columns: int) -> np.ndarray:

@@ -212,7 +212,9 @@ def member_runs(
                 members: list[Member] = []
                 bound = stop
                 if starts is not None:
-                    heads, sizes = indexed_heads(buf, pos, base, stop, limits.max_member_bytes, run, starts)
+                    # every whole sample in the buffer at once: a numpy step costs about the same for
+                    # 16 samples as for 1,000, so a short first run would only repeat the overhead
+                    heads, sizes = indexed_heads(buf, pos, base, stop, limits.max_member_bytes, _RUN, starts)
                     members = checked_members(buf, base, heads, sizes)
                     if members:
                         pos = heads[len(members) - 1] + BLOCK + ((sizes[len(members) - 1] + BLOCK - 1) & ~(BLOCK - 1))
