@@ -108,14 +108,14 @@ def shuffle_buffer(items: Iterable[T], buffer: int, seed: int, initial: int = 10
         yield out
 
 
-def _steady_state(buf: list[int], first: int, n: int, picks: list[int], last: int) -> list[int]:
+def _steady_state(buf: list[int], first: int, n: int, picks: np.ndarray, last: int) -> np.ndarray:
     """Items emitted by the steady state of the buffer, computed with numpy (``buf`` updated).
 
     Step ``t`` reads item ``first + t`` and picks slot ``picks[t]``: the pick ``last``
     emits the new item itself; another emits what the slot holds (the item put there
     by the slot's previous step, else its content before the steady state) and puts
     the new item there. The same as the step-by-step loop, without a Python step
-    per item.
+    per item. ``picks``: int64, shape (n - first,); returns int64, shape (n - first,).
     """
     j = np.asarray(picks, dtype=np.int64)
     new = np.arange(first, n, dtype=np.int64)
@@ -123,7 +123,8 @@ def _steady_state(buf: list[int], first: int, n: int, picks: list[int], last: in
     swap = np.flatnonzero(j != last)
     if swap.size:
         slots = j[swap]
-        order = np.argsort(slots, kind="stable")  # steps grouped by slot, in time order
+        # steps grouped by slot, in time order (a stable sort; a radix sort on 16 bits)
+        order = np.argsort(slots.astype(np.uint16) if last < 1 << 16 else slots, kind="stable")
         by_slot, steps = slots[order], swap[order]
         start = np.ones(len(steps), dtype=bool)
         start[1:] = by_slot[1:] != by_slot[:-1]
@@ -135,7 +136,7 @@ def _steady_state(buf: list[int], first: int, n: int, picks: list[int], last: in
         ends = np.append(np.flatnonzero(start)[1:], len(steps)) - 1
         held[by_slot[ends]] = new[steps[ends]]  # what each slot holds at the end
         buf[:] = held.tolist()
-    return out.tolist()
+    return out
 
 
 def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> np.ndarray:
@@ -149,7 +150,8 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
     # shuffle_buffer(range(n), ...) written out for ints, 3x faster (it runs in every
     # worker before its first batch): the filling and growing steps, then the steady
     # state where the buffer holds `buffer - 1` items between steps
-    rand = random.Random(seed).random
+    random_state = random.Random(seed)
+    rand = random_state.random
     initial = min(initial, buffer)
     buf: list[int] = []
     out: list[int] = []
@@ -170,14 +172,36 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
         buf[j] = buf[-1]
         buf.pop()
         size -= 1
+    steady = np.zeros(0, dtype=np.int64)
     if i < n:  # steady: each new item joins the `buffer - 1` held ones and one of the `buffer` leaves
-        out.extend(_steady_state(buf, i, n, [int(rand() * buffer) for _ in range(n - i)], buffer - 1))
-    while buf:
-        j = int(rand() * len(buf))
-        emit(buf[j])
+        # the steady picks, then those of the final drain, drawn at once: the same doubles as rand()
+        x = _random_doubles(random_state, n - i + len(buf))
+        steady = _steady_state(buf, i, n, (x[: n - i] * buffer).astype(np.int64), buffer - 1)
+        drain = (x[n - i :] * np.arange(len(buf), 0, -1, dtype=np.float64)).astype(np.int64).tolist()
+    else:
+        drain = [int(rand() * size) for size in range(len(buf), 0, -1)]
+    last: list[int] = []
+    for j in drain:
+        last.append(buf[j])
         buf[j] = buf[-1]
         buf.pop()
-    return np.asarray(out, dtype=np.int64)
+    return np.concatenate([np.asarray(out, dtype=np.int64), steady, np.asarray(last, dtype=np.int64)])
+
+
+def _random_doubles(state: random.Random, m: int) -> np.ndarray:
+    """The next ``m`` values of ``state.random()`` (float64, shape (m,)), computed with numpy.
+
+    CPython's ``random()`` is MT19937 (two 32-bit outputs per double, ``(a >> 5, b >> 6)``
+    joined into 53 bits); numpy's ``MT19937`` started from the same state yields the
+    same 32-bit outputs, so the doubles are equal bit for bit. ``state`` is not advanced.
+    """
+    words = state.getstate()[1]
+    bits = np.random.MT19937(0)
+    bits.state = {"bit_generator": "MT19937", "state": {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}}
+    raw = bits.random_raw(2 * m).reshape(m, 2)
+    a = (raw[:, 0] >> 5).astype(np.float64)
+    b = (raw[:, 1] >> 6).astype(np.float64)
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
 
 
 def interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndarray]:

@@ -288,3 +288,11 @@ def test_first_batch_needs_a_small_fill_only():
     order = buffer_shuffle_order(20_000, 1000, 5)  # initial 100
     assert int(order[:64].max()) < 100 + 2 * 64  # the first batch of 64 needs ~230 samples read, not 1,000
     assert int(order[:64].max()) >= 64
+
+
+@pytest.mark.parametrize("n,buffer,initial,seed", [(5000, 1000, 100, 7), (3000, 7, 3, 2**63 + 5), (2000, 1999, 1, 1),
+                                                   (70_100, 70_000, 100, 11)])
+def test_buffer_order_equals_the_buffer_in_its_steady_state(n, buffer, initial, seed):
+    """The steady state's draws are made with numpy (the same doubles as random.random()):
+    the order is still exactly that of shuffle_buffer, also past 2**16 buffer slots."""
+    assert buffer_shuffle_order(n, buffer, seed, initial).tolist() == list(shuffle_buffer(range(n), buffer, seed, initial))
