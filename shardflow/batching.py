@@ -12,7 +12,9 @@ from .plan import cost_budgets
 from .state import ResumePoint
 from .world import World
 
-__all__ = ["Batching", "WorkerItem", "tag_sources", "stream_world", "count_good", "take", "skip_items", "close_iter"]
+__all__ = [
+    "Batching", "WorkerItem", "tag_sources", "stream_world", "count_good", "take", "skip_items", "close_iter", "Primed",
+]
 
 
 @dataclass(frozen=True)
@@ -119,3 +121,43 @@ def close_iter(it: Any) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
+
+
+class Primed:
+    """``items`` with its first item computed at construction.
+
+    A DataLoader worker calls ``iter(dataset)`` as soon as it starts, but asks for
+    the first item only when the main process sends the first request, which it does
+    once it has started every worker; priming does the first batch's work
+    (planning, opening shards, reading, decoding, collating) in that wait.
+    Iteration is otherwise unchanged: an exception raised while priming is raised
+    by the first ``next()``, and ``close()`` closes ``items``.
+    """
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._items = items
+        self._first: Any = _SENTINEL
+        self._error: Exception | None = None
+        try:
+            self._first = next(items)
+        except StopIteration:
+            pass
+        except Exception as e:  # noqa: BLE001 - raised at the first next(), where it would have been
+            self._error = e
+
+    def __iter__(self) -> Primed:
+        return self
+
+    def __next__(self) -> Any:
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._first = _SENTINEL
+            raise error
+        if self._first is not _SENTINEL:
+            first, self._first = self._first, _SENTINEL
+            return first
+        return next(self._items)
+
+    def close(self) -> None:
+        self._first = _SENTINEL
+        close_iter(self._items)

@@ -18,12 +18,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from . import stages, storage
-from .batching import Batching, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
+from .batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
 from .codecs import DecodeOptions, field_alternatives, preload
 from .elastic import resumed_plan
 from .errors import MissingFieldError, SampleError, ShardflowError
 from .expand import Expand
 from .mixing import mixture_of
+from .phases import read_planned_in_phases
 from .plan import (
     RankPlan,
     ShuffleConfig,
@@ -585,7 +586,10 @@ class ShardDataset(IterableDataset):
         policy = stages.ErrorPolicy(self.on_error)
         self.stats = policy.stats
         if self._batching is not None:
-            return self._iter_batches(world, epoch, resume, policy)
+            batches = self._iter_batches(world, epoch, resume, policy)
+            if torch.utils.data.get_worker_info() is not None:
+                return Primed(batches)  # the first batch now, while the DataLoader starts the other workers
+            return batches
         return self._iter_samples(world, epoch, resume, policy)
 
     def _units(self, world: World, epoch: int, resume: ResumePoint | None) -> list[int]:
@@ -607,7 +611,9 @@ class ShardDataset(IterableDataset):
             sizes, order = plan.batch_positions(ids)
             needed = np.zeros(len(plan.read_sample), dtype=bool)  # read positions (a resumed plan reads more than it yields)
             needed[order] = True
-            raw = stages.read_planned(plan, needed, self.source, self.io, policy, self._offsets, k, prepare)
+            raw = read_planned_in_phases(
+                plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
+            )
             items: Iterator[Any] = stages.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
