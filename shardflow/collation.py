@@ -127,12 +127,18 @@ class Collate:
         first = values[0]
         if isinstance(first, torch.Tensor):
             if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+                if first.layout == torch.strided and first.device.type == "cpu":
+                    return torch.stack(values, out=_batch_out(len(values), first.shape, first.dtype))
                 return torch.stack(values)
             _refuse_image_sizes(field, samples, values)
             return values
         if isinstance(first, np.ndarray) and first.dtype != object:
             if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
-                return torch.from_numpy(np.stack(values))
+                out = _batch_out(len(values), first.shape, _torch_dtype(first.dtype))
+                if out is None:
+                    return torch.from_numpy(np.stack(values))
+                np.stack(values, out=out.numpy())
+                return out
             _refuse_image_sizes(field, samples, values)
             return values
         if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in values):
@@ -160,6 +166,27 @@ class Collate:
         except SampleError as e:
             where = describe_mismatch(samples, graphs, frozenset(self.exclude_keys))
             raise SampleError(f"cannot batch the graphs of {what}: {where}: {e}", reason=e.reason) from e
+
+
+def _batch_out(count: int, shape: Sequence[int], dtype: torch.dtype | None) -> torch.Tensor | None:
+    """In a DataLoader worker, an empty tensor of shape ``(count, *shape)`` in shared
+    memory to stack a batch into (as ``torch.utils.data.default_collate`` does): the
+    DataLoader then hands its storage to the main process as it is, where a batch in
+    private memory is first copied into shared memory (for 64 photo-sized images, 27 MB,
+    on the way of every batch, the first one included). None in the main process."""
+    if dtype is None or torch.utils.data.get_worker_info() is None:
+        return None
+    numel = count * int(np.prod(shape, dtype=np.int64))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=dtype).set_(storage._untyped_storage, 0, (count, *shape))
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
+    """The torch dtype of a numpy dtype, None if torch has none (``torch.from_numpy`` then says why)."""
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return None
 
 
 def _refuse_image_sizes(field: str | None, samples: list[Any], values: list[Any]) -> None:
