@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
     ("plan", ("shardflow.plan", "shardflow.order", "shardflow.mixing", "shardflow.elastic")),
-    ("reading", ("shardflow.source", "shardflow.stages")),
+    ("reading", ("shardflow.source", "shardflow.stages", "shardflow.phases")),
     ("dataset", ("shardflow.dataset", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
                  "shardflow.transforms", "shardflow.batching")),
     ("tools", ("shardflow.writer", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
