@@ -8,9 +8,8 @@ closes (or aborts after an exception: it then lists the finished shards). While
 it runs, a local writer appends one line per finished shard to
 ``shardflow.json.journal`` (constant cost per shard), so that a writer killed at
 any point leaves a journal that lists only complete shards; a dataset opened on
-a folder with a journal and no manifest replays it. A remote writer killed
-before closing leaves complete shards and no manifest (``shardflow index``
-writes one).
+a folder with a journal and no manifest replays it. A killed remote writer
+leaves complete shards and no manifest (``shardflow index`` writes one).
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ from .format.manifest import (
     journal_entry,
     journal_header,
 )
-from .format.tar import END_OF_ARCHIVE, encode_sample
 from .graph import is_graph
+from .shardfile import ShardFile
 from .storage.locks import DestinationLock, remove_stale_temporaries
 from .storage.urls import join_url, local_path, parent_url
 
@@ -100,105 +99,6 @@ def graph_sizes(sample: Mapping[str, Any]) -> tuple[int, int] | None:
             nodes += int(value.num_nodes or 0)
             edges += int(value.num_edges or 0)
     return (nodes, edges) if found else None
-
-
-class ShardFile:
-    """One shard being written: tar bytes, sha256 and the offset index.
-
-    Use as a context manager; the shard appears at ``url`` only if the block
-    exits without an exception. :attr:`info` is set after a clean exit.
-
-    Args:
-        url: final shard URL (local path or fsspec URL).
-        index_url: where to write the offset index ``.npy``, or None.
-        io: how the shard is written (fsspec storage options, temporary files).
-    """
-
-    def __init__(self, url: str, index_url: str | None = None, io: storage.IOOptions | None = None) -> None:
-        self.url = url
-        self.index_url = index_url
-        self.io = io or storage.IOOptions()
-        self.offsets: list[int] = []
-        self.keys: set[str] = set()
-        self.fields: set[str] = set()
-        self.sizes: list[tuple[int, ...]] = []
-        self.size = 0
-        self.info: ShardInfo | None = None
-        self._sha = hashlib.sha256()
-        self._stack = ExitStack()
-        self._out: BinaryIO | None = None
-
-    def __enter__(self) -> ShardFile:
-        self._out = self._stack.enter_context(storage.open_output(self.url, self.io))
-        return self
-
-    def write(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> int:
-        """Append one encoded sample; returns its size in bytes.
-
-        Args:
-            key: the sample key.
-            fields: field name -> encoded bytes.
-            sizes: the sample's row of the sizes index (e.g. ``(num_nodes,
-                num_edges)``); samples written without one (not graphs) get
-                zeros if other samples of the shard have one.
-
-        Raises:
-            SampleError: the key was already written to this shard, or a sizes
-                row's length differs from the shard's.
-        """
-        if key in self.keys:
-            raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
-        if sizes is not None:
-            row = tuple(int(v) for v in sizes)
-            if self.sizes and len(row) != len(self.sizes[0]):
-                raise SampleError(f"{self.url}: sample {key!r}: sizes row {row} has another length than the shard's")
-            if not self.sizes and self.offsets:  # earlier samples had none (not graphs): size 0
-                self.sizes = [(0,) * len(row)] * len(self.offsets)
-            self.sizes.append(row)
-        elif self.sizes:
-            self.sizes.append((0,) * len(self.sizes[0]))
-        self.keys.add(key)
-        data = encode_sample(key, dict(fields))
-        self.offsets.append(self.size)
-        self._write(data)
-        self.fields.update(fields)
-        return len(data)
-
-    def _write(self, data: bytes) -> None:
-        if self._out is None:
-            raise ValueError(f"{self.url}: ShardFile written outside its with-block")
-        self._out.write(data)
-        self._sha.update(data)
-        self.size += len(data)
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            end = self.size
-            self._write(END_OF_ARCHIVE)
-        try:
-            self._stack.__exit__(exc_type, exc, tb)
-        finally:
-            self._out = None
-        if exc_type is not None:
-            return
-        index_rel = None
-        if self.index_url is not None:
-            with storage.open_output(self.index_url, self.io) as f:
-                f.write(encode_offsets([*self.offsets, end]))
-            index_rel = posixpath.basename(self.index_url)
-        sizes_rel = None
-        if self.sizes:
-            with storage.open_output(self.url + ".sizes.npy", self.io) as f:
-                f.write(encode_offsets(self.sizes))
-            sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
-        self.info = ShardInfo(
-            url=posixpath.basename(self.url),
-            samples=len(self.offsets),
-            bytes=self.size,
-            sha256=self._sha.hexdigest(),
-            index=index_rel,
-            sizes=sizes_rel,
-        )
 
 
 def write_manifest(url: str, manifest: Manifest, io: storage.IOOptions | None = None) -> None:

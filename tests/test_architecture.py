@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("reading", ("shardflow.source", "shardflow.stages", "shardflow.phases")),
     ("dataset", ("shardflow.dataset", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
                  "shardflow.transforms", "shardflow.batching")),
-    ("tools", ("shardflow.writer", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
+    ("tools", ("shardflow.writer", "shardflow.shardfile", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
     ("cli", ("shardflow.cli", "shardflow.config")),
 ]
 

@@ -584,3 +584,26 @@ def test_c08_writer_killed_mid_shard(tmp_path: Path) -> None:
     assert tars(tmp_path) == ["train-000000.tar"]  # shard 1 never appears under its name
     ds = shardflow.ShardDataset(str(tmp_path), decode=None)  # replays the journal
     assert len(ds) == 500 and len(list(ds)) == 500
+
+
+@pytest.mark.parametrize("size", [-1, 0, 99, 100, 101, 5000])
+@pytest.mark.parametrize("length", [0, 100, 3 << 20])
+def test_local_tree_reads_the_whole_file_whatever_size_was_listed(tmp_path, size, length):
+    from shardflow.convert.walk import LocalTree
+
+    data = np.random.default_rng(length).bytes(length)
+    write(tmp_path / "a" / "b.jpg", data)
+    assert LocalTree(str(tmp_path)).read("a/b.jpg", size) == data
+
+
+def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch):
+    from shardflow.convert.walk import LocalTree
+
+    src = tmp_path / "src"
+    write(src / "cat" / "a.jpg", image_bytes("jpeg", 1))
+    write(src / "cat" / "b.jpg", image_bytes("jpeg", 2))
+    real = LocalTree.stat
+    monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (lambda s: (s[0] + (rel == "cat/b.jpg"), s[1]))(real(self, rel)))
+    with pytest.raises(ConversionError, match=r"cat/b\.jpg: changed during the conversion"):
+        convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    assert not (tmp_path / "out" / "train-000000.tar").exists()

@@ -134,6 +134,10 @@ class _Run:
             self.write(self.manifest(complete=False))
 
     def write(self, manifest: Manifest) -> None:
+        if storage.is_local(self.dest):
+            # the shards' renames durable before a record lists them (local tasks leave the
+            # folder's fsync to this, once per record instead of once per shard)
+            storage.sync_directory(os.path.abspath(local_path(self.dest)))
         groups = {g: (d, shards) for g, (d, shards, _) in self.done.items()}
         write_state(self.dest, self.identity, groups, manifest, self.io)
 
@@ -227,7 +231,8 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         if client is not None:
             raise ValueError(f"{dest}: a memory:// destination lives in this process; Dask workers cannot write it")
         workers = 1  # shards written by worker processes would be lost
-    plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io)
+    # local tasks leave the folder's fsync to the records (_Run.write); a Dask task does its own
+    plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io, client is not None)
     run = _Run(dest, identity, meta, io, progress)
     executor = make_executor(workers, client)
     pending: dict[Any, tuple[int, str]] = {}

@@ -33,7 +33,7 @@ from typing import Any
 from .. import storage
 from ..errors import ConversionError, ShardflowError
 from ..format.manifest import ShardInfo
-from ..storage.urls import join_url
+from ..storage.urls import join_url, local_path
 from ..writer import ShardFile, tar_size
 
 __all__ = ["Build", "GroupPlan", "GroupResult", "shard_name", "write_group", "group_digest"]
@@ -61,6 +61,9 @@ class GroupPlan:
             does); None for no limit.
         index: write per-shard offset indexes.
         io: storage options for the destination.
+        sync_dir: a task fsyncs the destination folder after its last shard
+            (the folder's renames durable when it returns); False where the
+            engine does it before each record that lists new shards.
     """
 
     dest: str
@@ -69,6 +72,7 @@ class GroupPlan:
     max_bytes: int | None
     index: bool
     io: storage.IOOptions
+    sync_dir: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,13 +124,15 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
                 part += 1
             if shard is None:
                 url = join_url(plan.dest, shard_name(plan.prefix, group, part))
-                shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io).__enter__()
+                shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io, sync_dir=False).__enter__()
             shard.write(key, data, sizes)
             fields.update(data)
         if shard is not None:
             shard.__exit__(None, None, None)
             infos.append(shard.info)  # type: ignore[arg-type]
             shard = None
+        if infos and plan.sync_dir and storage.is_local(plan.dest):
+            storage.sync_directory(local_path(plan.dest))
     except ShardflowError as e:  # the same kind of error, saying which shard
         raise type(e)(f"writing shard {url} failed: {e}", reason=e.reason) from e
     except Exception as e:

@@ -48,13 +48,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from operator import itemgetter
 from typing import Any
 
 from ..errors import ConversionError
 from ..format.keys import IMAGE_EXTENSIONS
 from ..format.manifest import Manifest
 from .engine import ConvertOptions, run_conversion
-from .walk import LocalTree, Tree, extension, iter_dirs, open_tree
+from .walk import Entry, LocalTree, Tree, extension, iter_dirs, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -183,31 +184,41 @@ def list_classes(
     The listing task of a Dask conversion; a local conversion streams :func:`iter_class`.
     """
     counts = {"ignored_files": 0, "skipped_dirs": 0}
-    return [list(iter_class(tree, first + k, cls, extensions, counts)) for k, cls in enumerate(classes)], counts
+    found = [[d for batch in iter_class(tree, first + k, cls, extensions, counts) for d in batch]
+             for k, cls in enumerate(classes)]  # fmt: skip
+    return found, counts
 
 
 def iter_class(
     tree: Tree, index: int, cls: str, extensions: frozenset[str], counts: dict[str, int]
-) -> Iterator[Descriptor]:
-    """The descriptors of one class, depth first; adds to ``counts`` what is not a sample."""
+) -> Iterator[list[Descriptor]]:
+    """The descriptors of one class, depth first, one list per directory that holds images;
+    adds to ``counts`` what is not a sample."""
     stat = tree.stat if isinstance(tree, LocalTree) else None
     for rel, entries in iter_dirs(tree, cls, counts):
-        images = []
+        images: list[Entry] = []
+        fields: list[str] = []
         for entry in entries:
             if entry.name.startswith("."):
                 counts["skipped_dirs" if entry.is_dir else "ignored_files"] += 1
                 log.debug("%s: hidden, ignored", tree.url(f"{rel}/{entry.name}"))
             elif entry.is_dir:
                 continue
-            elif entry.is_file and extension(entry.name) in extensions:
+            elif entry.is_file and (field := extension(entry.name)) in extensions:
                 images.append(entry)
+                fields.append(field)
             else:
                 counts["ignored_files"] += 1
                 log.debug("%s: not an image file, ignored", tree.url(f"{rel}/{entry.name}"))
-        for entry, base in zip(images, _key_names([e.name for e in images])):
-            path = f"{rel}/{entry.name}"
+        if not images:
+            continue
+        head = rel + "/"
+        batch = []
+        for entry, base, field in zip(images, _key_names([e.name for e in images]), fields):
+            path = head + entry.name
             size, version = stat(path) if stat is not None else (entry.size, entry.version)
-            yield f"{rel}/{base}", extension(entry.name), path, index, size, version
+            batch.append((head + base, field, path, index, size, version))
+        yield batch
 
 
 class _Walk:
@@ -219,18 +230,18 @@ class _Walk:
         self.extensions = extensions
         self.client = client
         self.class_counts = [0] * len(classes)
-        self.image_fields: dict[str, int] = {}  # field (the file extension) -> images stored in it
+        self.image_fields: Counter[str] = Counter()  # field (the file extension) -> images stored in it
         self.counts = {"ignored_files": 0, "skipped_dirs": 0}
 
     def descriptors(self) -> Iterator[Descriptor]:
         """Every sample's descriptor, in output order."""
-        for idx, found in enumerate(self._classes()):
-            for d in found:
-                self.class_counts[idx] += 1
-                self.image_fields[d[1]] = self.image_fields.get(d[1], 0) + 1
-                yield d
+        for idx, batches in enumerate(self._classes()):
+            for batch in batches:
+                self.class_counts[idx] += len(batch)
+                self.image_fields.update(map(itemgetter(1), batch))
+                yield from batch
 
-    def _classes(self) -> Iterator[Iterator[Descriptor]]:
+    def _classes(self) -> Iterator[Iterator[list[Descriptor]]]:
         if self.client is None:
             for idx, cls in enumerate(self.classes):
                 yield iter_class(self.tree, idx, cls, self.extensions, self.counts)
@@ -249,13 +260,13 @@ class _Walk:
         while futures:
             yield from self._take(futures.pop(0))
 
-    def _take(self, future: Any) -> Iterator[Iterator[Descriptor]]:
+    def _take(self, future: Any) -> Iterator[Iterator[list[Descriptor]]]:
         found, counts = future.result()
         del future  # its result leaves the worker's memory
         for k, v in counts.items():
             self.counts[k] += v
         for descriptors in found:
-            yield iter(descriptors)
+            yield iter([descriptors])
 
     def summary(self) -> dict[str, Any]:
         """Counts for the manifest's ``meta`` (call after the walk)."""
@@ -311,7 +322,7 @@ def _read_in_order(tree: Tree, descriptors: list[Descriptor]) -> Iterator[bytes]
     """The files' bytes in order; from a bucket :data:`READ_THREADS` objects at a time."""
     if isinstance(tree, LocalTree):
         for d in descriptors:
-            yield tree.read(d[2])
+            yield tree.read(d[2], d[4])
         return
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="shardflow-read") as pool:
         window: list[Any] = []

@@ -36,6 +36,7 @@ __all__ = [
     "scan_shard",
     "encode_member",
     "encode_sample",
+    "sample_parts",
 ]
 
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -601,27 +602,26 @@ def scan_shard(
 # ---------------------------------------------------------------- writing
 
 
+# The fixed parts of every header this writer emits (ustar, deterministic metadata): only the
+# name, the size, the checksum and the type vary, so a header is these parts joined.
+_MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-124
+_MTIME = b"00000000000\0"  # bytes 136-148
+_AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic, version, the rest: 157-512
+_FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
+
+
 def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
-    """One ustar header block with deterministic metadata."""
+    """One ustar header block with deterministic metadata (its checksum is the byte sum of
+    the block with the checksum field read as spaces, as the reader checks it)."""
     if len(name) > 100:
         raise ValueError("ustar name longer than 100 bytes")
-    h = bytearray(BLOCK)
-    h[0 : len(name)] = name
-    h[100:108] = b"0000644\0"
-    h[108:116] = b"0000000\0"
-    h[116:124] = b"0000000\0"
     if size < 8**11:
-        h[124:136] = b"%011o\0" % size
+        size_field = b"%011o\0" % size
     else:  # GNU base-256 for sizes of 8 GiB and more
-        h[124:136] = bytes([0x80]) + size.to_bytes(11, "big")
-    h[136:148] = b"00000000000\0"
-    h[148:156] = b"        "
-    h[156:157] = typeflag
-    h[257:263] = b"ustar\0"
-    h[263:265] = b"00"
-    # the byte sum as the reader computes it (adler32's first half, exact for 256 bytes)
-    h[148:156] = b"%06o\0 " % (_adler(h[:256], 0) % 65536 + _adler(h[256:], 0) % 65536)
-    return bytes(h)
+        size_field = b"\x80" + size.to_bytes(11, "big")
+    check = _FIXED_SUM + sum(name) + sum(size_field) + typeflag[0]
+    return b"".join((name, _ZERO_BLOCK[len(name) : 100], _MODE_IDS, size_field, _MTIME,
+                     b"%06o\0 " % check, typeflag, _AFTER_TYPE))  # fmt: skip
 
 
 def _pax_record(key: str, value: str) -> bytes:
@@ -636,6 +636,16 @@ def _pad(n: int) -> bytes:
     return b"\0" * (-n % BLOCK)
 
 
+def _member_parts(name: str, data: bytes) -> list[bytes]:
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= 100 and raw.isascii():
+        return [_header(raw, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]
+    record = _pax_record("path", name)
+    short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
+    return [_header(b"././@PaxHeader", len(record), b"x"), record, _pad(len(record)),
+            _header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
+
+
 def encode_member(name: str, data: bytes) -> bytes:
     """Encode one regular-file member: header(s), data and padding.
 
@@ -643,19 +653,18 @@ def encode_member(name: str, data: bytes) -> bytes:
     other name gets a PAX ``path`` record first (POSIX.1-2001), read by CPython
     ``tarfile``, GNU tar and webdataset.
     """
-    raw = name.encode("utf-8", "surrogateescape")
-    parts = []
-    if len(raw) <= 100 and raw.isascii():
-        parts.append(_header(raw, len(data), b"0"))
-    else:
-        record = _pax_record("path", name)
-        parts += [_header(b"././@PaxHeader", len(record), b"x"), record, _pad(len(record))]
-        short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
-        parts.append(_header(short, len(data), b"0"))
-    parts += [data, _pad(len(data))]
-    return b"".join(parts)
+    return b"".join(_member_parts(name, data))
+
+
+def sample_parts(key: str, fields: dict[str, bytes]) -> list[bytes]:
+    """The pieces of :func:`encode_sample`'s bytes, in order (joined, they are its result):
+    a writer can copy them into its buffer without joining them first."""
+    parts: list[bytes] = []
+    for field in sorted(fields):
+        parts += _member_parts(f"{key}.{field}", fields[field])
+    return parts
 
 
 def encode_sample(key: str, fields: dict[str, bytes]) -> bytes:
     """Encode one sample: its members adjacent and sorted by field."""
-    return b"".join(encode_member(f"{key}.{field}", fields[field]) for field in sorted(fields))
+    return b"".join(sample_parts(key, fields))

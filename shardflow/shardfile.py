@@ -1,0 +1,166 @@
+"""One shard being written: :class:`ShardFile`, the piece every writer and converter shares.
+
+It writes a shard's tar bytes under a temporary name, with their sha256 and the
+offset index, and makes them appear at the shard's name only when complete and
+durable (see :func:`shardflow.storage.open_output`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any, BinaryIO
+
+from . import storage
+from .errors import SampleError
+from .format.manifest import ShardInfo, encode_offsets
+from .format.tar import END_OF_ARCHIVE, sample_parts
+from .storage.urls import local_path
+
+__all__ = ["ShardFile", "WRITE_CHUNK"]
+
+WRITE_CHUNK = 1 << 20  # bytes a shard buffers before writing, hashing and starting their writeback
+
+
+class ShardFile:
+    """One shard being written: tar bytes, sha256 and the offset index.
+
+    Use as a context manager; the shard appears at ``url`` only if the block
+    exits without an exception. :attr:`info` is set after a clean exit.
+
+    Samples are gathered in a buffer and written, hashed and (local shards)
+    handed to the kernel's writeback in chunks of :data:`WRITE_CHUNK` bytes, so
+    that the fsync at the end waits for the last chunk only. A local shard, its
+    offset index and its sizes index are each fsynced, then renamed to their names.
+
+    Args:
+        url: final shard URL (local path or fsspec URL).
+        index_url: where to write the offset index ``.npy``, or None.
+        io: how the shard is written (fsspec storage options, temporary files).
+        sync_dir: fsync the local folder once after the last rename, so that all
+            three are durable at their names when the block exits; False leaves
+            that to the caller (a conversion fsyncs the folder before each record
+            that lists new shards, once for many).
+    """
+
+    def __init__(self, url: str, index_url: str | None = None, io: storage.IOOptions | None = None,
+                 *, sync_dir: bool = True) -> None:  # fmt: skip
+        self.url = url
+        self.index_url = index_url
+        self.io = io or storage.IOOptions()
+        self.offsets: list[int] = []
+        self.keys: set[str] = set()
+        self.fields: set[str] = set()
+        self.sizes: list[tuple[int, ...]] = []
+        self.size = 0
+        self.info: ShardInfo | None = None
+        self._sha = hashlib.sha256()
+        self._stack = ExitStack()
+        self._out: BinaryIO | None = None
+        self._local = storage.is_local(url)
+        self._sync_dir = sync_dir and self._local
+        self._buf = bytearray()
+        self._written = 0  # bytes handed to the file (the rest of ``size`` is in the buffer)
+
+    def __enter__(self) -> ShardFile:
+        self._out = self._stack.enter_context(storage.open_output(self.url, self.io, sync_dir=False))
+        return self
+
+    def write(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> int:
+        """Append one encoded sample; returns its size in bytes.
+
+        Args:
+            key: the sample key.
+            fields: field name -> encoded bytes.
+            sizes: the sample's row of the sizes index (e.g. ``(num_nodes,
+                num_edges)``); samples written without one (not graphs) get
+                zeros if other samples of the shard have one.
+
+        Raises:
+            SampleError: the key was already written to this shard, or a sizes
+                row's length differs from the shard's.
+            ValueError: written outside the with-block.
+        """
+        if self._out is None:
+            raise ValueError(f"{self.url}: ShardFile written outside its with-block")
+        if key in self.keys:
+            raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
+        if sizes is not None:
+            row = tuple(int(v) for v in sizes)
+            if self.sizes and len(row) != len(self.sizes[0]):
+                raise SampleError(f"{self.url}: sample {key!r}: sizes row {row} has another length than the shard's")
+            if not self.sizes and self.offsets:  # earlier samples had none (not graphs): size 0
+                self.sizes = [(0,) * len(row)] * len(self.offsets)
+            self.sizes.append(row)
+        elif self.sizes:
+            self.sizes.append((0,) * len(self.sizes[0]))
+        self.keys.add(key)
+        buf = self._buf
+        start = self.size
+        for part in sample_parts(key, fields):
+            if len(part) < WRITE_CHUNK:
+                buf += part
+            else:  # a large payload goes to the file as it is, not through the buffer
+                self._flush()
+                self._emit(part)
+        self.offsets.append(start)
+        self.size = self._written + len(buf)
+        if len(buf) >= WRITE_CHUNK:
+            self._flush()
+        self.fields.update(fields)
+        return self.size - start
+
+    def _close(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self._stack.__exit__(exc_type, exc, tb)
+        finally:
+            self._out = None
+
+    def _flush(self) -> None:
+        if self._buf:
+            self._emit(self._buf)
+            self._buf.clear()  # in place: write() holds it
+
+    def _emit(self, data: bytes | bytearray) -> None:
+        self._out.write(data)  # type: ignore[union-attr]
+        self._sha.update(data)
+        if self._local:
+            storage.start_writeback(self._out, self._written, len(data))  # type: ignore[arg-type]
+        self._written += len(data)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            end = self.size
+            try:
+                self._buf += END_OF_ARCHIVE
+                self._flush()
+            except BaseException as e:
+                self._close(type(e), e, e.__traceback__)  # nothing appears at the shard's name
+                raise
+            self.size = self._written
+        self._close(exc_type, exc, tb)
+        if exc_type is not None:
+            return
+        index_rel = None
+        if self.index_url is not None:
+            with storage.open_output(self.index_url, self.io, sync_dir=False) as f:
+                f.write(encode_offsets([*self.offsets, end]))
+            index_rel = posixpath.basename(self.index_url)
+        sizes_rel = None
+        if self.sizes:
+            with storage.open_output(self.url + ".sizes.npy", self.io, sync_dir=False) as f:
+                f.write(encode_offsets(self.sizes))
+            sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
+        if self._sync_dir:  # one fsync of the folder makes the renames of all three durable
+            storage.sync_directory(os.path.dirname(os.path.abspath(local_path(self.url))))
+        self.info = ShardInfo(
+            url=posixpath.basename(self.url),
+            samples=len(self.offsets),
+            bytes=self.size,
+            sha256=self._sha.hexdigest(),
+            index=index_rel,
+            sizes=sizes_rel,
+        )
