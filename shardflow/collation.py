@@ -34,8 +34,9 @@ import torch
 
 from .codecs import is_image_field
 from .errors import SampleError
+from .graph.records import GraphRecord
 
-__all__ = ["Collate", "collate"]
+__all__ = ["Collate", "collate", "takes_graph_records"]
 
 
 def collate(
@@ -125,6 +126,8 @@ class Collate:
         """Collate ``values``, one per sample of ``samples`` (named in errors as ``what``;
         ``field``: the field they come from, if any)."""
         first = values[0]
+        if type(first) is GraphRecord:
+            return self._graphs(what, samples, values)
         if isinstance(first, torch.Tensor):
             if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
                 if first.layout == torch.strided and first.device.type == "cpu":
@@ -159,8 +162,17 @@ class Collate:
 
     def _graphs(self, what: str, samples: list[Any], graphs: list[Any]) -> Any:
         from .graph.collate import collate_graphs
+        from .graph.records import collate_records
         from .graph.structure import describe_mismatch
 
+        if any(type(g) is GraphRecord for g in graphs):
+            if all(type(g) is GraphRecord for g in graphs):
+                batch = collate_records(graphs, follow_batch=frozenset(self.follow_batch),
+                                        exclude_keys=frozenset(self.exclude_keys))
+                if batch is not None:
+                    return batch
+            # records that do not line up, or beside graphs: the graphs' own collate
+            graphs = [g.build() if type(g) is GraphRecord else g for g in graphs]
         try:
             return collate_graphs(graphs, follow_batch=self.follow_batch, exclude_keys=self.exclude_keys)
         except SampleError as e:
@@ -187,6 +199,13 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
         return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     except TypeError:
         return None
+
+
+def takes_graph_records(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` batches :class:`~shardflow.graph.records.GraphRecord` values
+    (:func:`collate` and :class:`Collate` do), so that a dataset may decode graph fields
+    into records for it (see :func:`shardflow.codecs.decode_field`)."""
+    return collate_fn is collate or type(collate_fn) is Collate
 
 
 def _refuse_image_sizes(field: str | None, samples: list[Any], values: list[Any]) -> None:

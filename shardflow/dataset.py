@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset
 from . import stages, storage
 from .batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
 from .codecs import DecodeOptions, field_alternatives, preload
+from .collation import takes_graph_records
 from .elastic import resumed_plan
 from .errors import MissingFieldError, SampleError, ShardflowError
 from .expand import Expand
@@ -631,7 +632,9 @@ class ShardDataset(IterableDataset):
         if prepare is None:
             items = tag_sources(items, self._source_index())
         if prepare is None and self.decode is not None:
-            items = stages.decode(items, self.decode, policy)
+            # The default collate batches graph fields from checked records in one step.
+            records = self._batching is not None and self.transform is None and takes_graph_records(self._batching.collate)
+            items = stages.decode(items, self.decode, policy, records)
         if self.transform is not None:
             items = stages.apply_transform(items, self.transform, policy)
         return items, sizes

@@ -706,22 +706,25 @@ def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], polic
         yield None if s is None else select_one(s, wanted, policy)
 
 
-def decode_one(s: Sample, options: DecodeOptions, policy: ErrorPolicy) -> Sample | None:
+def decode_one(s: Sample, options: DecodeOptions, policy: ErrorPolicy, graph_records: bool = False) -> Sample | None:
     """One sample of :func:`decode`."""
     try:
         for name, value in s.items():
             if not name.startswith("__"):
-                s[name] = decode_field(name, value, options)
+                s[name] = decode_field(name, value, options, graph_records=graph_records)
     except DecodeError as e:
         policy.handle(DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason))
         return None
     return s
 
 
-def decode(samples: Iterator[Sample | None], options: DecodeOptions, policy: ErrorPolicy) -> Iterator[Sample | None]:
-    """Decode every field by its extension (see :mod:`shardflow.codecs`)."""
+def decode(
+    samples: Iterator[Sample | None], options: DecodeOptions, policy: ErrorPolicy, graph_records: bool = False
+) -> Iterator[Sample | None]:
+    """Decode every field by its extension (see :mod:`shardflow.codecs`); ``graph_records``:
+    as :func:`~shardflow.codecs.decode_field` (the samples go to the default collate)."""
     for s in samples:
-        yield None if s is None else decode_one(s, options, policy)
+        yield None if s is None else decode_one(s, options, policy, graph_records)
 
 
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:

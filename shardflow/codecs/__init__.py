@@ -209,8 +209,17 @@ def encode_field(key: str, field: str, value: Any) -> bytes:
         raise SampleError(f"sample {key!r}: cannot encode field {field!r}: {e}") from e
 
 
-def decode_field(field: str, data: bytes, options: DecodeOptions) -> Any:
+def decode_field(field: str, data: bytes, options: DecodeOptions, *, graph_records: bool = False) -> Any:
     """Decode one field's bytes by its extension; unknown extensions stay bytes.
+
+    Args:
+        field: the field name; its last extension picks the codec.
+        data: the field's bytes.
+        options: how to decode.
+        graph_records: the samples go to the default collate, so a ``pyg`` field
+            (with the built-in codec) may become a checked
+            :class:`~shardflow.graph.records.GraphRecord` that the collate batches
+            in one step, instead of a ``Data``; the checks and errors are the same.
 
     Raises:
         DecodeError: the codec failed (the caller adds shard and key).
@@ -222,10 +231,12 @@ def decode_field(field: str, data: bytes, options: DecodeOptions) -> Any:
         except (OSError, EOFError) as e:
             raise DecodeError(f"field {field!r}: bad gzip data: {e}") from e
         inner = field[: -len(".gz")]
-        return decode_field(inner, data, options) if "." in field else data
+        return decode_field(inner, data, options, graph_records=graph_records) if "." in field else data
     decode = _DECODERS.get(ext)
     if decode is None:
         return data
+    if graph_records and decode is _dec_graph:
+        decode = _dec_graph_record
     try:
         return decode(data, options)
     except DecodeError as e:
@@ -325,6 +336,12 @@ def _dec_graph(data: bytes, options: DecodeOptions) -> Any:
     from ..graph import decode_graph
 
     return decode_graph(data, max_nodes=options.max_graph_nodes, max_edges=options.max_graph_edges)
+
+
+def _dec_graph_record(data: bytes, options: DecodeOptions) -> Any:
+    from ..graph.records import decode_graph_record
+
+    return decode_graph_record(data, max_nodes=options.max_graph_nodes, max_edges=options.max_graph_edges)
 
 
 def _dec_pickle(data: bytes, options: DecodeOptions) -> Any:

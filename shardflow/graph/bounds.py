@@ -18,7 +18,7 @@ from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 __all__ = ["check_graph"]
 
-_NODE_LEVEL = ("x", "pos", "batch", "node_attr")  # attributes whose first dimension counts nodes
+NODE_LEVEL = ("x", "pos", "batch", "node_attr")  # attributes whose first dimension counts nodes
 
 
 def _declared_nodes(mapping: dict, where: str, max_nodes: int) -> int | None:
@@ -34,7 +34,7 @@ def _declared_nodes(mapping: dict, where: str, max_nodes: int) -> int | None:
                 f"{where}: num_nodes {value} is over the limit of {max_nodes} (DecodeOptions.max_graph_nodes)"
             )
         return value
-    for name in _NODE_LEVEL:
+    for name in NODE_LEVEL:
         tensor = mapping.get(name)
         if isinstance(tensor, torch.Tensor) and tensor.dim() >= 1:
             rows = int(tensor.shape[0])

@@ -29,7 +29,7 @@ from shardflow.graph.rules import DEFAULT_RULE, RULES_ATTR, import_pyg, rule_cla
 logger = logging.getLogger(__name__)
 
 # NodeStorage.num_nodes looks at these keys first (torch_geometric.data.storage.N_KEYS).
-_N_KEYS = frozenset({"x", "feat", "pos", "batch", "node_type", "n_id", "tf"})
+N_KEYS = frozenset({"x", "feat", "pos", "batch", "node_type", "n_id", "tf"})
 # Values the fast path passes through as lists (PyG's "anything else" branch).
 _LIST_SCALARS = (str, type(None), bytes, np.ndarray)
 _PLAIN_ITEMS = (str, int, float, bool, type(None), list, tuple, dict)
@@ -172,7 +172,7 @@ def _check_names(
 # Fast path for homogeneous Data.
 
 
-def _cumsum_list(sizes: list[int]) -> list[int]:
+def cumsum_list(sizes: list[int]) -> list[int]:
     """``[0, s0, s0 + s1, ...]``: PyG's ``cumsum`` of a 1-D tensor, in Python."""
     return [0, *itertools.accumulate(sizes)]
 
@@ -181,7 +181,7 @@ def _on(tensor: torch.Tensor, device: Any) -> torch.Tensor:
     return tensor if device is None else tensor.to(device)
 
 
-def _int64(values: list[int]) -> torch.Tensor:
+def int64_tensor(values: list[int]) -> torch.Tensor:
     """``torch.tensor(values)`` for Python ints (int64), several times faster."""
     return torch.from_numpy(np.array(values, dtype=np.int64))
 
@@ -191,7 +191,7 @@ def _num_nodes(graph: Any, store: Any, mapping: dict, plain: bool) -> Any:
     if "num_nodes" in mapping:
         return mapping["num_nodes"]
     for key, value in mapping.items():
-        if key in _N_KEYS:
+        if key in N_KEYS:
             if type(value) is torch.Tensor:
                 # Data.__cat_dim__ is 0 for every name in N_KEYS.
                 return value.shape[0] if plain else value.size(graph.__cat_dim__(key, value, store))
@@ -199,7 +199,7 @@ def _num_nodes(graph: Any, store: Any, mapping: dict, plain: bool) -> Any:
     return store.num_nodes  # PyG's own inference (may warn, as PyG does)
 
 
-def _default_rule(name: str) -> tuple[int, bool]:
+def default_rule(name: str) -> tuple[int, bool]:
     """``(cat_dim, increments_by_num_nodes)`` of ``Data``'s defaults for a dense tensor."""
     if "index" in name or name == "face":
         return -1, True
@@ -213,8 +213,8 @@ def _incs(repeats: list) -> tuple[torch.Tensor, bool]:
     them (``incs.dim() > 1 or incs[-1] != 0``).
     """
     if all(type(r) is int for r in repeats):
-        cum = _cumsum_list(repeats[:-1])
-        return _int64(cum), cum[-1] != 0
+        cum = cumsum_list(repeats[:-1])
+        return int64_tensor(cum), cum[-1] != 0
     from torch_geometric.utils import cumsum
 
     if isinstance(repeats[0], torch.Tensor):
@@ -260,7 +260,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
                 out.append(0)
         return out
 
-    out = _new_batch(cls, pyg).stores_as(first)  # as PyG's collate (rules carry over)
+    out = new_batch(cls, pyg).stores_as(first)  # as PyG's collate (rules carry over)
     out_store = out._store
     slice_dict: dict[str, Any] = {}
     inc_dict: dict[str, Any] = {}
@@ -280,7 +280,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
                 return None
             if any(type(v) is not torch.Tensor for v in values):
                 return None
-            cat_dim, by_num_nodes = _default_rule(name)
+            cat_dim, by_num_nodes = default_rule(name)
             rule = rules[0].get((None, name)) if rules is not None else None
             if rule is not None and rule[0] != DEFAULT_RULE:
                 cat_dim = rule[0]
@@ -293,7 +293,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
         elif elem_type is int or elem_type is float or elem_type is bool:
             if any(type(v) not in _NUMBERS for v in values):
                 return None
-            repeats = repeats_for(name, _default_rule(name)[1])
+            repeats = repeats_for(name, default_rule(name)[1])
             if repeats is None or any(type(r) is not int for r in repeats):
                 return None
             value = torch.tensor(values)
@@ -321,13 +321,13 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
 
     if first._store.can_infer_num_nodes:
         counts = [k or 0 for k in num_nodes]
-        ptr = _cumsum_list(counts)
+        ptr = cumsum_list(counts)
         if ptr[-1]:  # numpy: no intra-op threads (see _cat)
             batch = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), counts))
         else:  # (an empty one keeps torch's strides)
             batch = torch.zeros(0, dtype=torch.int64)
         out_store._mapping["batch"] = _on(batch, device)
-        out_store._mapping["ptr"] = _on(_int64(ptr), device)
+        out_store._mapping["ptr"] = _on(int64_tensor(ptr), device)
 
     out._num_graphs = n
     out._slice_dict = slice_dict
@@ -335,7 +335,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
     return out
 
 
-def _new_batch(cls: type, pyg: Any) -> Any:
+def new_batch(cls: type, pyg: Any) -> Any:
     """``Batch(_base_cls=cls)`` without its per-call signature inspection."""
     batch_cls = _BATCH_CLASSES.get(cls)
     if batch_cls is None:
@@ -351,7 +351,7 @@ def _new_batch(cls: type, pyg: Any) -> Any:
 # 2 threads on a busy machine, waking the second thread cost more than the copy
 # (measured: 2,000 graphs/s with torch's default threads against 7,500 with one). The
 # user's global thread setting is left alone.
-_NUMPY_DTYPES = frozenset({
+NUMPY_DTYPES = frozenset({
     torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.uint8, torch.bool, torch.complex64, torch.complex128,
 })  # fmt: skip
@@ -360,7 +360,7 @@ _NUMPY_DTYPES = frozenset({
 def _as_numpy(values: list[torch.Tensor]) -> list[np.ndarray] | None:
     """The tensors as numpy views when all are plain CPU tensors of one numpy dtype, else None."""
     dtype = values[0].dtype
-    if dtype not in _NUMPY_DTYPES:
+    if dtype not in NUMPY_DTYPES:
         return None
     for v in values:
         if v.dtype is not dtype or v.device.type != "cpu" or v.requires_grad or v.is_conj() or v.is_neg():
@@ -392,7 +392,7 @@ def _cat_tensors(
         sizes = [1] * n
     else:
         sizes = [v.shape[cat_dim] for v in values]
-    slices = _int64(_cumsum_list(sizes))
+    slices = int64_tensor(cumsum_list(sizes))
     incs, add = _incs(repeats)
     if not add:
         value, _ = _cat(values, cat_dim, stack)
@@ -409,7 +409,7 @@ def _cat_tensors(
         elif stack:
             value += incs.to(value.device).view(shape)
         else:
-            per_item = torch.repeat_interleave(incs, _int64(sizes), output_size=value.shape[cat_dim])
+            per_item = torch.repeat_interleave(incs, int64_tensor(sizes), output_size=value.shape[cat_dim])
             value += per_item.to(value.device).view(shape)
         return value, slices, incs
     # Other dtypes: exactly PyG's arithmetic (type promotion of a 0-dim increment).

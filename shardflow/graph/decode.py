@@ -17,20 +17,25 @@ from .bounds import check_graph
 from .rules import DEFAULT_RULE, RULES_ATTR, import_pyg, rule_classes
 from .schema import INLINE_DTYPES, NP_DTYPES, SCALARS, SCHEMA_KEY, SCHEMA_VERSION, ST_DTYPES
 
-__all__ = ["decode_graph"]
+__all__ = ["check_tiling", "decode_graph", "entry_layout", "read_header"]
 
 
-def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Parse a safetensors container from memory, strictly.
+def read_header(buf: Any) -> tuple[memoryview, dict, dict, int]:
+    """Parse the frame and JSON header of a safetensors container, strictly.
 
     The layout is safetensors' own (8-byte little-endian header length, JSON header,
     data section that the tensors tile exactly); it is read here rather than with
     ``safetensors.torch.load`` because that function does not return the metadata
     (the graph schema) and costs more per small graph than this whole reader.
 
-    Returns the metadata dict and the tensors. The tensors are views into one
-    private, writable copy of the data section (so a graph's tensors cost one
-    allocation). Raises ValueError/TypeError/KeyError on malformed input.
+    Returns:
+        ``(view, metadata, entries, data_start)``: the bytes as a flat ``memoryview``,
+        the ``__metadata__`` dict, the tensor entries ``{name: info}`` (not yet
+        checked: see :func:`entry_layout`) and the offset of the data section in
+        ``view``.
+
+    Raises:
+        ValueError: the frame or header is malformed, or has no ``__metadata__``.
     """
     view = memoryview(buf)
     if view.ndim != 1 or view.itemsize != 1:
@@ -47,20 +52,56 @@ def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
     metadata = header.pop("__metadata__", None)
     if type(metadata) is not dict:
         raise ValueError("safetensors header has no __metadata__ (not a shardflow graph)")
-    data = bytearray(view[8 + header_len :])
-    size = len(data)
+    return view, metadata, header, 8 + header_len
+
+
+def entry_layout(name: str, info: Any) -> tuple[torch.dtype, list, int, int]:
+    """``(dtype, shape, start, end)`` of one header entry, its types checked.
+
+    Raises:
+        ValueError: an unknown dtype, or a shape or offsets that are not a list / ints.
+    """
+    dtype = ST_DTYPES.get(info.get("dtype")) if type(info) is dict and type(info.get("dtype")) is str else None
+    if dtype is None:
+        raise ValueError(f"tensor {name!r} has an unknown dtype {str(info.get('dtype') if type(info) is dict else info)[:40]!r} "
+                         f"(known: {', '.join(sorted(ST_DTYPES))})")
+    shape = info["shape"]
+    start, end = info["data_offsets"]
+    if type(shape) is not list or type(start) is not int or type(end) is not int:
+        raise ValueError(f"tensor {name!r} has an invalid shape or data offsets")
+    return dtype, shape, start, end
+
+
+def check_tiling(spans: list[tuple[int, int]], size: int) -> None:
+    """The tensors' ``(start, end)`` spans tile a data section of ``size`` bytes exactly.
+
+    Raises:
+        ValueError: holes, overlaps or trailing bytes.
+    """
+    spans.sort()
+    reached = 0
+    for start, end in spans:
+        if start != reached:
+            raise ValueError("safetensors data section has holes or overlapping tensors")
+        reached = end
+    if reached != size:
+        raise ValueError(f"safetensors data section has {size - reached} trailing bytes")
+
+
+def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Parse a safetensors container from memory, strictly (see :func:`read_header`).
+
+    Returns the metadata dict and the tensors. The tensors are views into one
+    private, writable copy of the data section (so a graph's tensors cost one
+    allocation). Raises ValueError/TypeError/KeyError on malformed input.
+    """
+    view, metadata, header, data_start = read_header(buf)
+    data = bytearray(view[data_start:])
     spans = []
     tensors: dict[str, torch.Tensor] = {}
     native = sys.byteorder == "little"
     for name, info in header.items():
-        dtype = ST_DTYPES.get(info.get("dtype")) if type(info) is dict and type(info.get("dtype")) is str else None
-        if dtype is None:
-            raise ValueError(f"tensor {name!r} has an unknown dtype {str(info.get('dtype') if type(info) is dict else info)[:40]!r} "
-                             f"(known: {', '.join(sorted(ST_DTYPES))})")
-        shape = info["shape"]
-        start, end = info["data_offsets"]
-        if type(shape) is not list or type(start) is not int or type(end) is not int:
-            raise ValueError(f"tensor {name!r} has an invalid shape or data offsets")
+        dtype, shape, start, end = entry_layout(name, info)
         np_dtype = NP_DTYPES.get(dtype)
         if np_dtype is not None and native and start % np_dtype.itemsize == 0:
             # The common case, and the cheapest zero-copy view on the buffer; numpy
@@ -76,14 +117,7 @@ def _read_safetensors(buf: Any) -> tuple[dict, dict[str, torch.Tensor]]:
             tensor = _tensor_without_numpy(data, shape, dtype, start, end, native)
         spans.append((start, end))
         tensors[name] = tensor
-    spans.sort()
-    reached = 0
-    for start, end in spans:
-        if start != reached:
-            raise ValueError("safetensors data section has holes or overlapping tensors")
-        reached = end
-    if reached != size:
-        raise ValueError(f"safetensors data section has {size - reached} trailing bytes")
+    check_tiling(spans, len(data))
     return metadata, tensors
 
 
