@@ -124,7 +124,7 @@ def _schema_attrs(metadata: dict) -> dict | None:
         return None
     store = stores[0]
     attrs = store.get("attrs")
-    if store.get("key") is not None or store.get("custom") or type(attrs) is not dict:
+    if "key" not in store or store["key"] is not None or store.get("custom") or type(attrs) is not dict:
         return None
     return attrs
 
