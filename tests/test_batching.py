@@ -1,20 +1,24 @@
 """What DataLoader workers do for the loader: the first batch computed at ``iter()``
-(shardflow.batching.Primed), and batches stacked straight into shared memory
-(shardflow.collation), checked inside real worker processes."""
+(shardflow.batching.Primed), large batches stacked straight into shared memory
+(shardflow.collation) and small tensors sent by value (WorkerItem), checked inside real
+worker processes."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shardflow import ShardDataset
-from shardflow.batching import Primed
+from shardflow.batching import BY_VALUE_MAX_BYTES, Primed, WorkerItem, skip_items, take
 from shardflow.collation import collate
 from shardflow.errors import ShardflowError
 from shardflow.loading import loader as make_loader
@@ -90,13 +94,15 @@ class _WhereStacked(IterableDataset):
     """Yields, from a worker, whether collate's tensors lie in shared memory there."""
 
     def __iter__(self) -> Iterator[Any]:
-        samples = [{"img": torch.full((3, 4, 5), i, dtype=torch.uint8), "arr": np.full((2, 3), i, np.float32),
+        # img and arr over BY_VALUE_MAX_BYTES per batch (110 and 131 kB), cls under it
+        samples = [{"img": torch.full((3, 96, 96), i, dtype=torch.uint8), "arr": np.full((2, 4096), i, np.float32),
                     "cls": i} for i in range(4)]
         batch = collate(samples)
         yield {
             "in_worker": get_worker_info() is not None,
             "img_shared": batch["img"].is_shared(),
             "arr_shared": batch["arr"].is_shared(),
+            "cls_shared": batch["cls"].is_shared(),
             "img": batch["img"],
             "arr": batch["arr"],
         }
@@ -107,7 +113,56 @@ def test_collate_stacks_into_shared_memory_in_workers(workers: int) -> None:
     (got,) = list(DataLoader(_WhereStacked(), batch_size=None, num_workers=workers, timeout=60 if workers else 0))
     assert got["in_worker"] == bool(workers)
     assert got["img_shared"] == bool(workers) and got["arr_shared"] == bool(workers)
-    assert got["img"].shape == (4, 3, 4, 5) and got["img"].dtype == torch.uint8
+    assert not got["cls_shared"]  # small: it travels by value
+    assert got["img"].shape == (4, 3, 96, 96) and got["img"].dtype == torch.uint8
     assert got["img"][:, 0, 0, 0].tolist() == [0, 1, 2, 3]
-    assert got["arr"].shape == (4, 2, 3) and got["arr"].dtype == torch.float32
+    assert got["arr"].shape == (4, 2, 4096) and got["arr"].dtype == torch.float32
     assert got["arr"][:, 1, 2].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# ---------------------------------------------------------------- by value
+
+
+def test_small_tensors_travel_by_value_and_arrive_equal_and_writable():
+    labels = torch.arange(64)
+    flags = torch.tensor([True, False])
+    halves = torch.linspace(0, 1, 10, dtype=torch.float16)
+    strided = torch.arange(100, dtype=torch.int32).reshape(10, 10)[:, ::3]  # not contiguous
+    data = {"cls": labels, "nested": {"flags": flags, "pair": (halves, [strided])}, "__key__": ["a", "b"]}
+    item = WorkerItem(1, 7, data, {"samples": 2}, False)
+    payload = bytes(ForkingPickler.dumps(item))
+    assert b"torch.multiprocessing" not in payload and b"rebuild_storage" not in payload  # no shared memory
+    out = pickle.loads(payload)
+    assert (out.worker, out.index, out.stats, out.final) == (1, 7, {"samples": 2}, False)
+    assert out.data["__key__"] == ["a", "b"]
+    got = [out.data["cls"], out.data["nested"]["flags"], out.data["nested"]["pair"][0], out.data["nested"]["pair"][1][0]]
+    for before, after in zip([labels, flags, halves, strided], got):
+        assert type(after) is torch.Tensor and after.dtype == before.dtype
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert isinstance(out.data["nested"]["pair"], tuple) and isinstance(out.data["nested"]["pair"][1], list)
+    got[0][0] = 99  # writable, and not the sender's memory
+    assert labels[0] == 0
+
+
+def test_large_and_special_tensors_are_left_to_torch():
+    big = torch.zeros(BY_VALUE_MAX_BYTES + 1, dtype=torch.uint8)
+    brain = torch.ones(4, dtype=torch.bfloat16)  # no numpy dtype
+    grad = torch.ones(3, requires_grad=True)
+    param = torch.nn.Parameter(torch.ones(2))
+    payload = bytes(ForkingPickler.dumps(WorkerItem(0, 0, {"big": big, "bf": brain, "grad": grad, "p": param})))
+    assert payload.count(b"rebuild_storage") >= 1  # the large one through shared memory
+    out = pickle.loads(payload)
+    torch.testing.assert_close(out.data["big"], big)
+    assert out.data["bf"].dtype == torch.bfloat16 and out.data["grad"].requires_grad
+    assert isinstance(out.data["p"], torch.nn.Parameter)
+
+
+def test_at_the_limit_still_by_value():
+    edge = torch.ones(BY_VALUE_MAX_BYTES // 8, dtype=torch.int64)
+    assert b"rebuild_storage" not in bytes(ForkingPickler.dumps(WorkerItem(0, 0, {"x": edge})))
+
+
+def test_take_and_skip_items():
+    it = iter(range(5))
+    assert take(it, 3) == [0, 1, 2] and take(it, 3) == [3, 4] and take(it, 1) == []
+    assert list(skip_items(iter(range(5)), 2)) == [2, 3, 4]
