@@ -23,8 +23,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any, BinaryIO
 
-import fsspec
-
 from . import storage
 from .codecs import encode_field
 from .errors import SampleError
@@ -252,6 +250,8 @@ class ShardWriter:
         if storage.is_local(self.manifest_url):
             # one writer of a folder's manifest at a time; a crashed one holds nothing
             self._lock = DestinationLock(os.path.dirname(os.path.abspath(local_path(self.manifest_url)))).acquire()
+        import fsspec
+
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
         if fs.exists(path):
             fs.rm_file(path)
@@ -269,6 +269,8 @@ class ShardWriter:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+            import fsspec
+
             fs, path = fsspec.core.url_to_fs(self.manifest_url + JOURNAL_SUFFIX)  # type: ignore[operator]
             fs.rm_file(path)
 

@@ -1032,3 +1032,34 @@ def test_errors_not_about_the_store_propagate_unchanged(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalReader, "read", lambda self, n: (_ for _ in ()).throw(PermissionError("denied")))
     with pytest.raises(RemoteReadError, match=r"s\.tar failed at byte 0: PermissionError: denied"):
         list(iter_chunks(str(path)))
+
+
+@pytest.mark.parametrize("url", ["", "a/b.tar", "/abs/x", "file:///a/b", "file://rel", "s3://bucket/k", "C://x/y",
+                                 "c:\\\\x", "memory://x", "data:text/plain,hi", "simplecache::s3://b/k",
+                                 "https://h/p?q=a://b", "x://", "://x"])
+def test_protocol_follows_fsspec_split_protocol_without_importing_it(url):
+    from fsspec.core import split_protocol
+
+    from shardflow.storage.urls import protocol
+
+    assert protocol(url) == (split_protocol(url)[0] or "")
+
+
+def test_local_conversion_imports_neither_fsspec_asyncio_nor_http(tmp_path):
+    # a local conversion and read-back stay clear of the remote stack (~30 ms of imports)
+    import subprocess
+    import sys
+
+    tree = tmp_path / "src" / "cat"
+    tree.mkdir(parents=True)
+    (tree / "a.jpg").write_bytes(b"\xff\xd8 not decoded")
+    script = (
+        "import sys\n"
+        "from shardflow.convert.engine import ConvertOptions\n"
+        "from shardflow.convert.imagefolder import convert_imagefolder\n"
+        f"m = convert_imagefolder({str(tmp_path / 'src')!r}, {str(tmp_path / 'out')!r}, "
+        "options=ConvertOptions(workers=2))\n"
+        "print(m.shards[0].samples, [n for n in ('fsspec', 'asyncio', 'http.client') if n in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == "1 []"

@@ -60,6 +60,10 @@ def main() -> int:
     ap.add_argument("--libs", default="shardflow,tar", help="comma-separated: shardflow, tar, mosaic, litdata, ...")
     ap.add_argument("--work", default="/tmp/conv-bench")
     args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_peers
+
+    bench_peers.byte_compile_shardflow()  # as an installed package is (see there)
     libs = args.libs.split(",")
     n = count_files(args.tree)
     os.makedirs(args.work, exist_ok=True)

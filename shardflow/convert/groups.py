@@ -109,27 +109,27 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     shard: ShardFile | None = None
     part = 0
     url = join_url(plan.dest, shard_name(plan.prefix, group, 0))
+    max_count, max_bytes = plan.max_count, plan.max_bytes
     try:
         for item in build(inputs, context):
             key, data = item[0], item[1]
             sizes = item[2] if len(item) > 2 else None
-            size = tar_size(data)
             if shard is not None and (
-                len(shard.offsets) >= plan.max_count
-                or (plan.max_bytes is not None and shard.size + size > plan.max_bytes)
+                len(shard.offsets) >= max_count or (max_bytes is not None and shard.size + tar_size(data) > max_bytes)
             ):
                 shard.__exit__(None, None, None)
                 infos.append(shard.info)  # type: ignore[arg-type]
+                fields.update(shard.fields)
                 shard = None
                 part += 1
             if shard is None:
                 url = join_url(plan.dest, shard_name(plan.prefix, group, part))
                 shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io, sync_dir=False).__enter__()
             shard.write(key, data, sizes)
-            fields.update(data)
         if shard is not None:
             shard.__exit__(None, None, None)
             infos.append(shard.info)  # type: ignore[arg-type]
+            fields.update(shard.fields)
             shard = None
         if infos and plan.sync_dir and storage.is_local(plan.dest):
             storage.sync_directory(local_path(plan.dest))

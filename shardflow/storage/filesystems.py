@@ -6,16 +6,15 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Mapping
-from typing import Any
-
-import fsspec
-from fsspec.core import url_to_fs
-from fsspec.registry import known_implementations
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import missing_dependency
 
 from .options import IOOptions
 from .urls import LOCAL_PROTOCOLS, protocol
+
+if TYPE_CHECKING:  # imported where a filesystem is made (not by local work)
+    import fsspec
 
 # pip extra of shardflow that installs each protocol's filesystem
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
@@ -42,7 +41,9 @@ _VERSION_KEYS = (
 
 def _options_for(proto: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
     """The storage options for one protocol, flat or keyed by protocol."""
-    known = known_implementations
+    import fsspec
+    from fsspec.registry import known_implementations as known
+
     nested = {
         k: v for k, v in storage_options.items() if k in known and isinstance(v, Mapping)
     }
@@ -115,6 +116,8 @@ def filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem,
     Raises:
         ImportError: the protocol's package is missing (the message names the extra).
     """
+    from fsspec.core import url_to_fs
+
     proto = protocol(url)
     if proto in LOCAL_PROTOCOLS:
         kwargs: dict[str, Any] = {}

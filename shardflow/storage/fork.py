@@ -6,9 +6,8 @@ Importing this module registers the hooks (once per process)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
-
-import fsspec
 
 from .filesystems import s3_session_after_fork
 
@@ -23,8 +22,11 @@ _INHERITED: list[Any] = []
 
 
 def filesystem_instances() -> list[Any]:
-    """Every fsspec filesystem instance cached in this process."""
+    """Every fsspec filesystem instance cached in this process (none before fsspec is imported)."""
     found: list[Any] = []
+    fsspec = sys.modules.get("fsspec")
+    if fsspec is None:
+        return found
     seen: set[type] = set()
     pending: list[type] = [fsspec.AbstractFileSystem]
     while pending:

@@ -3,7 +3,6 @@ raised when a read cannot go on."""
 
 from __future__ import annotations
 
-import http.client
 import logging
 import sys
 import time
@@ -19,6 +18,12 @@ _RETRY_S3_CODES = frozenset(
     {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
      "ThrottlingException", "RequestTimeTooSkewed"}
 )
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """``http.client.HTTPException`` if it is imported (before that, nothing raised one)."""
+    client = sys.modules.get("http.client")
+    return (client.HTTPException,) if client is not None else ()
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -50,13 +55,13 @@ def is_transient(exc: BaseException) -> bool:
         )
         if streaming and isinstance(exc, streaming):
             return True
-    return isinstance(exc, (OSError, TimeoutError, http.client.HTTPException, EOFError))
+    return isinstance(exc, (OSError, TimeoutError, EOFError, *_http_errors()))
 
 
 def is_io_error(exc: BaseException) -> bool:
     """Whether an exception is about reading from the store (and so worth naming the
     URL and offset in a :class:`RemoteReadError`); others propagate as they are."""
-    if isinstance(exc, (OSError, TimeoutError, EOFError, http.client.HTTPException)):
+    if isinstance(exc, (OSError, TimeoutError, EOFError, *_http_errors())):
         return True
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None and isinstance(exc, aiohttp.ClientError):

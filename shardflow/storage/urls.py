@@ -18,9 +18,6 @@ import posixpath
 import re
 from urllib.parse import unquote, urljoin
 
-from fsspec.core import split_protocol
-from fsspec.implementations.local import LocalFileSystem
-
 __all__ = [
     "LOCAL_PROTOCOLS",
     "SHARD_SUFFIXES",
@@ -42,8 +39,17 @@ _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
 def protocol(url: str) -> str:
-    """The fsspec protocol of a URL, ``""`` for a plain path."""
-    return split_protocol(url)[0] or ""
+    """The fsspec protocol of a URL, ``""`` for a plain path.
+
+    fsspec's ``split_protocol`` rule, without importing fsspec (local work never
+    needs it): the text before ``://`` when longer than one letter (one letter is
+    a Windows drive), ``data`` for a ``data:`` URL.
+    """
+    if "://" in url:
+        proto = url.split("://", 1)[0]
+        if len(proto) > 1:
+            return proto
+    return "data" if url.startswith("data:") else ""
 
 
 def protocol_of(url: str) -> str:
@@ -58,7 +64,11 @@ def is_local(url: str) -> bool:
 
 def local_path(url: str) -> str:
     """The path of a local URL (``file:///a/b`` -> ``/a/b``); a plain path unchanged."""
-    return LocalFileSystem._strip_protocol(url) if protocol(url) else url
+    if not protocol(url):
+        return url
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem._strip_protocol(url)
 
 
 def expand_braces(pattern: str) -> list[str]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fsspec.implementations.local import LocalFileSystem
-
 from ..filesystems import fresh_info, is_http, is_memory
 from ..options import IOOptions
 from .gcs import GCSReader, is_gcs
@@ -31,6 +29,8 @@ def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: 
         expect: the identity seen at a first open, for a reopen (S3 sends ``If-Match``,
             GCS asks for the generation seen).
     """
+    from fsspec.implementations.local import LocalFileSystem  # imported already: fs is an fsspec filesystem
+
     if isinstance(fs, LocalFileSystem):
         return LocalReader(path, offset)
     if is_memory(fs):

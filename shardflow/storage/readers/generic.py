@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from ..filesystems import object_identity
 from .local import FileObjectReader
+
+if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
+    import fsspec
 
 
 class FileReader(FileObjectReader):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any
-
-import fsspec
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError, ShortReadError
 from ..filesystems import identity_difference, object_identity, sync_within
 from .stream import StreamReader, range_total
+
+if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
+    import fsspec
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import fsspec
+from typing import TYPE_CHECKING
 
 from ..filesystems import object_identity
+
+if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
+    import fsspec
 
 
 class MemoryReader:

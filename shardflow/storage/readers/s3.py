@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import fsspec
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError
 from ..filesystems import fresh_info, object_identity, sync_within
 from .stream import StreamReader, range_total
+
+if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
+    import fsspec
 
 
 class S3Reader(StreamReader):

@@ -3,7 +3,6 @@ loop, and the ``Content-Range`` parser both use."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any
@@ -49,6 +48,8 @@ class StreamReader:
 
     async def _read(self, n: int) -> bytes:
         """Up to ``n`` bytes; within ``_timeout`` seconds, what came by then (none: TimeoutError)."""
+        import asyncio  # here, not at import: local reading never runs a loop
+
         parts = []
         got = 0
         loop = asyncio.get_running_loop()
