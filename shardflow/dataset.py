@@ -607,15 +607,25 @@ class ShardDataset(IterableDataset):
         """Compose the stages; returns (items, planned batch sizes)."""
         k = self.expand.count if self.expand is not None else 1
         prepare = self._preparer(epoch, policy) if self.expand is not None else None
+        tagged = False  # __source__ set by the reader
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes, order = plan.batch_positions(ids)
             needed = np.zeros(len(plan.read_sample), dtype=bool)  # read positions (a resumed plan reads more than it yields)
             needed[order] = True
-            raw = read_planned_in_phases(
-                plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
-            )
-            items: Iterator[Any] = stages.emit_in_order(raw, order)
+            # read order is the yield order unless a shuffle buffer reorders: then no positions to keep
+            # (nor a first batch to read first: see phases.first_phase)
+            if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+                tagged = prepare is None  # __source__ set as each sample is made
+                items: Iterator[Any] = stages.read_planned(
+                    plan, needed, self.source, self.io, policy, self._offsets, k, prepare,
+                    sources=self.source.source_of.tolist() if tagged else None, positioned=False,
+                )
+            else:
+                raw = read_planned_in_phases(
+                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
+                )
+                items = stages.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
             items = stages.read_shards(shards, self.source, self.io, policy)
@@ -629,7 +639,7 @@ class ShardDataset(IterableDataset):
                 items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
         if prepare is None and self.fields is not None:
             items = stages.select_fields(items, self.fields, policy)
-        if prepare is None:
+        if prepare is None and not tagged:
             items = tag_sources(items, self._source_index())
         if prepare is None and self.decode is not None:
             # The default collate batches graph fields from checked records in one step.

@@ -13,6 +13,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice, repeat
 from typing import Any
 
 import numpy as np
@@ -211,7 +212,10 @@ def _open_segment(
         return _Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1]))
     manifest = source.manifest
     # read to the end: the manifest's digest checks the bytes where the store gives no validator
+    # (a local file always has one: its size, mtime and inode, see storage.readers.local)
     sha = manifest.shards[shard].sha256 if manifest is not None and stop >= manifest.shards[shard].samples else None
+    if storage.is_local(url):
+        sha = None
     raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha)
     chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
     samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield",
@@ -354,6 +358,19 @@ def _runs(
     return seg[starts], smp[starts], smp[ends]
 
 
+def _blocks(run: np.ndarray, sample: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each read position, how many positions from it on (it included) read the next
+    samples of its run, one after the other, all wanted (0 where it is not wanted or in no run)."""
+    n = len(run)
+    ok = (run >= 0) & wanted
+    ends = np.ones(n, dtype=bool)  # the last position of a block
+    if n > 1:
+        ends[:-1] = ~(ok[1:] & ok[:-1] & (run[1:] == run[:-1]) & (sample[1:] == sample[:-1] + 1))
+    at = np.arange(n)
+    last = np.minimum.accumulate(np.where(ends, at, n)[::-1])[::-1]
+    return np.where(ok, last - at + 1, 0)
+
+
 def _run_of(plan: RankPlan, lo: int, hi: int, runs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """Run number of each read position in ``[lo, hi)``, or -1 outside every run."""
     run_seg, first, last = runs
@@ -377,7 +394,10 @@ def read_planned(
     offsets: Callable[[int], np.ndarray | None],
     expand: int = 1,
     prepare: Callable[[Sample], list[Any] | None] | None = None,
-) -> Iterator[tuple[int, Sample | None]]:
+    *,
+    sources: Sequence[int] | None = None,
+    positioned: bool = True,
+) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
 
     Args:
@@ -392,10 +412,14 @@ def read_planned(
         prepare: with ``expand > 1``, turns one raw sample into its
             ``expand`` items (or None when the sample was dropped); each
             sample is read and prepared once.
+        sources: with ``expand == 1``, the source index of every shard, set as
+            ``__source__`` on each sample as it is made (None: not set).
+        positioned: False to yield the items alone (when read order is the
+            order wanted, no reordering needs the positions).
 
     Yields:
-        ``(position, item)`` for every needed position, in read order;
-        ``item`` is None when it was dropped.
+        ``(position, item)`` for every needed position, in read order (or the
+        ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
     """
     positions = np.flatnonzero(needed)
     if positions.size == 0:
@@ -431,6 +455,9 @@ def read_planned(
     local = all(storage.is_local(urls[plan.segments[run_seg_l[seg]].shard]) for seg in opening)
 
     counts = source.counts
+    # per run: the URL and source of its shard, set on every sample it gives
+    run_url = [urls[plan.segments[r].shard] for r in run_seg_l]
+    run_source = [int(sources[plan.segments[r].shard]) for r in run_seg_l] if sources is not None else None
 
     def _ended(shard: int, sample: int) -> TruncatedShardError:
         return TruncatedShardError(
@@ -461,41 +488,72 @@ def read_planned(
     reseek: dict[int, int] = {}
     first_error: dict[int, ShardflowError] = {}
     try:
-        for rel in range(hi - lo):
-            pos = lo + rel
-            s = read_segment[rel]
-            i = read_sample[rel]
-            if s < 0 or i < first_l[s] or i > last_l[s]:
+        # (a position outside every run has s == -1: _run_of checks the run's first and last sample)
+        # positions yielded in read order: a block of positions that read the next samples of an open
+        # run goes in one loop (see _blocks); anything unusual in it goes on position by position
+        aheads = _blocks(run_all, plan.read_sample[lo:hi], needed[lo:hi]).tolist() if k == 1 and not positioned else repeat(0)
+        steps = zip(range(lo, hi), read_segment, read_sample, wanted, aheads)
+        for pos, s, i, want, ahead in steps:
+            if s < 0:
                 continue
             if k > 1:
                 hit = cached.get(s)
                 if hit is not None and hit[0] == i // k:
                     if i == last_l[s]:
                         cached.pop(s, None)
-                    if wanted[rel]:
+                    if want:
                         items = hit[1]
-                        yield pos, (items[i % k] if items is not None else None)
+                        got = items[i % k] if items is not None else None
+                        yield (pos, got) if positioned else got
                     continue
-            want = wanted[rel]
-            if s in dead:
-                if want:
-                    policy.stats["lost_samples"] += 1
-                    policy.stats["skipped"] += 1
-                    yield pos, None
-                continue
-            seg = plan.segments[run_seg_l[s]]
             item = None
             error: ShardflowError | None = None
             it = iters.get(s)
-            if it is not None:  # the common case: the run's stream is open
+            if it is not None and ahead > 1:  # the common case: the run is open, its next samples wanted
+                url, done = run_url[s], 0
+                tag = run_source[s] if run_source is not None else None
+                try:
+                    for item in islice(it._samples, ahead):
+                        fields = item[2]
+                        if type(fields) is not dict:  # a bad sample: the general code below drops it
+                            break
+                        if tag is None:
+                            yield {"__key__": item[0], "__url__": url, **fields}
+                        else:
+                            yield {"__key__": item[0], "__url__": url, **fields, "__source__": tag}
+                        done += 1
+                    else:
+                        item = None
+                except ShardflowError as e:
+                    item, error = None, e
+                if done == ahead:
+                    if i + done - 1 == last_l[s]:
+                        _close(iters.pop(s, None))
+                    if done > 1:
+                        next(islice(steps, done - 2, None), None)  # the block's positions are served
+                    continue
+                if done:  # on at the first position not served, with what it met
+                    if done > 1:
+                        next(islice(steps, done - 2, None), None)
+                    pos, s, i, want, ahead = next(steps)
+                if item is None and error is None:
+                    error = _ended(plan.segments[run_seg_l[s]].shard, i)
+            elif it is not None:  # the run's stream is open
                 try:
                     item = next(it._samples, None)  # (the generator itself: no __next__ in Python)
                 except ShardflowError as e:
                     error = e
                 else:
                     if item is None:
-                        error = _ended(seg.shard, i // k)
-            while item is None:
+                        error = _ended(plan.segments[run_seg_l[s]].shard, i // k)
+            elif s in dead:  # (a dead run has no open stream)
+                if want:
+                    policy.stats["lost_samples"] += 1
+                    policy.stats["skipped"] += 1
+                    yield (pos, None) if positioned else None
+                continue
+            while item is None:  # open the run's stream, or an error: the slow path
+                seg = plan.segments[run_seg_l[s]]
                 if error is None:
                     if s in reseek and not want:
                         break  # resumed through the index at the next needed sample
@@ -556,7 +614,7 @@ def read_planned(
                 if want:
                     policy.stats["lost_samples"] += 1
                     policy.stats["skipped"] += 1
-                    yield pos, None
+                    yield (pos, None) if positioned else None
                 break
             if item is None:
                 continue
@@ -568,25 +626,27 @@ def read_planned(
                 if isinstance(fields, SampleError):
                     policy.handle(fields)
                 else:
-                    raw_sample: Sample = {"__key__": key, "__url__": urls[seg.shard]}
+                    raw_sample: Sample = {"__key__": key, "__url__": run_url[s]}
                     raw_sample.update(fields)
                     items = prepare(raw_sample) if prepare is not None else None
                 if i != last_l[s]:
                     cached[s] = (i // k, items)
                 if want:
-                    yield pos, (items[i % k] if items is not None else None)
+                    got = items[i % k] if items is not None else None
+                    yield (pos, got) if positioned else got
                 continue
             if not want:
                 continue
             key, _, fields = item
-            url = urls[seg.shard]
-            if isinstance(fields, SampleError):
+            if type(fields) is not dict:  # a SampleError
                 policy.handle(fields)
-                yield pos, None
+                yield (pos, None) if positioned else None
                 continue
-            sample: Sample = {"__key__": key, "__url__": url}
-            sample.update(fields)
-            yield pos, sample
+            if run_source is None:
+                sample: Sample = {"__key__": key, "__url__": run_url[s], **fields}
+            else:
+                sample = {"__key__": key, "__url__": run_url[s], **fields, "__source__": run_source[s]}
+            yield (pos, sample) if positioned else sample
     finally:
         for it in iters.values():
             _close(it)
@@ -691,6 +751,8 @@ def select_one(s: Sample, wanted: list[tuple[str, list[str]]], policy: ErrorPoli
                 MissingFieldError(f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})")
             )
             return None
+    if "__source__" in s:  # set as the sample was read
+        out["__source__"] = s["__source__"]
     return out
 
 

@@ -6,16 +6,19 @@ import io
 import random
 import tarfile
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardflow.format.tar as tar_module
 from shardflow.errors import SampleError, ShardFormatError
+from shardflow.format.keys import split_name
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples, scan_shard
 
-sample_kinds = st.sampled_from(["plain", "three", "big", "pax", "dir", "empty", "upper"])
+sample_kinds = st.sampled_from(["plain", "three", "big", "pax", "dir", "empty", "upper", "dup", "again", "meta", "nodot",
+                                "long100", "dotted_dir"])
 
 
 def _shard(kinds: list[str], seed: int) -> bytes:
@@ -35,6 +38,20 @@ def _shard(kinds: list[str], seed: int) -> bytes:
             parts.append(encode_sample(f"k{i:03d}", {"txt": b"", "cls": b"3"}))
         elif kind == "upper":
             parts.append(encode_member(f"K{i:03d}.JPG", payload))
+        elif kind == "dup":  # a field twice in a sample
+            parts.append(encode_member(f"k{i:03d}.jpg", payload) + encode_member(f"k{i:03d}.jpg", b"2"))
+        elif kind == "again":  # the first sample's key once more: not adjacent
+            parts.append(encode_sample("k000", {"txt": payload}))
+        elif kind == "meta":  # not a sample's member, then a sample
+            parts.append(encode_member(f"__meta{i}__.json", b"{}") + encode_sample(f"k{i:03d}", {"jpg": payload}))
+        elif kind == "nodot":
+            parts.append(encode_member(f"k{i:03d}noext", payload) + encode_sample(f"k{i:03d}", {"cls": b"1"}))
+        elif kind == "long100":  # a ustar name of exactly 100 bytes: no NUL ends it
+            name = f"k{i:03d}" + "d" * 92 + ".cls"
+            assert len(name) == 100
+            parts.append(encode_member(name, b"5"))
+        elif kind == "dotted_dir":  # the key keeps the dots of its folders
+            parts.append(encode_sample(f"a.b/c.d/k{i:03d}", {"seg.png": payload, "cls": b"4"}))
         elif kind == "three":
             parts.append(encode_sample(f"k{i:03d}", {"jpg": payload, "cls": b"7", "json": b"{}"}))
         else:
@@ -47,7 +64,7 @@ def _samples(data: bytes, chunk: int, walk=None, start: int = 0, end: int | None
     out = []
     for key, offset, fields in iter_samples(iter(chunks), "s.tar", start, end=end, walk_starts=walk,
                                             sample_errors="yield", **kw):
-        out.append((key, offset, fields if isinstance(fields, SampleError) else
+        out.append((key, offset, (str(fields), fields.reason) if isinstance(fields, SampleError) else
                     {k: (type(v), bytes(v)) for k, v in fields.items()}))
     return out
 
@@ -55,11 +72,26 @@ def _samples(data: bytes, chunk: int, walk=None, start: int = 0, end: int | None
 def _general(data: bytes, chunk: int, **kw) -> list:
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(tar_module, "_plain_members", lambda buf, pos, base, stop, mx, most: ([], pos))
+        mp.setattr(tar_module, "_plain_members", lambda buf, pos, *rest: ([], pos))
         mp.setattr(tar_module, "indexed_heads", lambda *a: ([], []))
         return _samples(data, chunk, **kw)
     finally:
         mp.undo()
+
+
+def _starts(data: bytes) -> list[int]:
+    """Where a key starts (as an index would say, also in shards that scan_shard refuses), and the end."""
+    out, last = [], None
+    members = tar_module.iter_members([data], "s.tar")
+    while True:
+        try:
+            name, offset, _ = next(members)
+        except StopIteration as stop:
+            return out + [stop.value]
+        split = split_name(name)
+        if split is not None and split[0] != last:
+            out.append(offset)
+            last = split[0]
 
 
 @settings(max_examples=80, deadline=None)
@@ -67,7 +99,7 @@ def _general(data: bytes, chunk: int, **kw) -> list:
        seed=st.integers(0, 1000), shift=st.sampled_from([0, 512, -512, 7]))
 def test_the_indexed_walk_reads_what_the_general_path_reads_with_any_index(kinds, chunk, seed, shift):
     data = _shard(kinds, seed)
-    _, offsets, _ = scan_shard([data], "s.tar")
+    offsets = _starts(data)
     reference = _general(data, chunk)
     assert _samples(data, chunk, walk=offsets) == reference
     # a stale or wrong index changes nothing that is read
@@ -151,3 +183,28 @@ def test_a_bad_header_inside_an_indexed_span_goes_to_the_general_checks(damage, 
         assert outcome(walk_starts=offsets, **one) == outcome(**one) == [("ShardFormatError", second, "stale_index")]
     else:
         assert indexed[at:] == [("ShardFormatError", second, "bad_shard")]
+
+
+def test_plain_samples_come_grouped_and_anything_unusual_goes_member_by_member():
+    from shardflow.format.spans import SampleRun, checked_samples
+
+    def run_of(data: bytes):
+        starts = _starts(data)
+        heads, sizes = tar_module.indexed_heads(data, 0, 0, -1, 1 << 20, 4096, np.asarray(starts, dtype=np.int64))
+        return checked_samples(data, 0, heads, sizes)
+
+    data = b"".join(encode_sample(f"a.b/{i:03d}", {"jpg": b"j" * i, "cls": b"%d" % i}) for i in range(30)) + END_OF_ARCHIVE
+    got = run_of(data)
+    assert isinstance(got, SampleRun)
+    assert got.keys == [f"a.b/{i:03d}" for i in range(30)]
+    assert got.fields[5] == {"cls": b"5", "jpg": b"jjjjj"} and list(got.fields[5]) == ["cls", "jpg"]
+    assert got.offsets == _starts(data)[:-1]
+    assert [m[0] for m in got][:2] == ["a.b/000.cls", "a.b/000.jpg"]  # its members, one by one
+    three = b"".join(encode_sample(f"{i:03d}", {"a": b"1", "b": b"2", "c": b"3"}) for i in range(4)) + END_OF_ARCHIVE
+    assert run_of(three).fields[3] == {"a": b"1", "b": b"2", "c": b"3"}
+    for odd in (encode_member("k.jpg", b"1") + encode_member("k.jpg", b"2"),  # a field twice
+                encode_member("k.JPG", b"1"),  # upper case field: lower-cased by the general path
+                encode_member("k/__x.json", b"{}"),  # not a sample's member
+                encode_member("k" * 96 + ".cls", b"1"),  # 100 bytes: no NUL ends the name
+                encode_member("a.jpg", b"1") + encode_member("b.jpg", b"1") + encode_member("a.cls", b"1")):
+        assert run_of(odd + END_OF_ARCHIVE) is None

@@ -12,13 +12,14 @@ bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import repeat
 
 import numpy as np
 
 from .headers import BLOCK
 
-__all__ = ["checked_members", "indexed_heads"]
+__all__ = ["SampleRun", "checked_members", "checked_samples", "indexed_heads"]
 
 _POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a checksum field
 _POW8_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of a size field
@@ -96,6 +97,23 @@ def indexed_heads(
     return heads[keep].tolist(), sizes[keep].tolist()
 
 
+def _checked_headers(buf: bytes, heads: list[int], sizes: list[int]) -> tuple[np.ndarray, list[int], list[int]]:
+    """The header blocks ``(n, 512)`` uint8 of the members at ``heads`` before the first bad
+    checksum (the sum of the header's bytes, the field as spaces; 6 octal digits), and
+    ``heads`` and ``sizes`` cut to them."""
+    # headers sit a whole number of blocks apart: index the buffer's blocks, not its bytes
+    skew = heads[0] % BLOCK
+    blocks = np.frombuffer(buf, dtype=np.uint8, count=(len(buf) - skew) // BLOCK * BLOCK, offset=skew)
+    hdr = blocks.reshape(-1, BLOCK)[(np.asarray(heads, dtype=np.int64) - skew) // BLOCK]
+    chk = hdr[:, 148:154].astype(np.int64) - 48
+    computed = hdr.sum(axis=1, dtype=np.int64) - hdr[:, 148:156].sum(axis=1, dtype=np.int64) + 256
+    good = (chk @ _POW8_CHK == computed) & ((chk >= 0) & (chk <= 7)).all(axis=1)
+    if not good.all():
+        n = int(np.argmin(good))  # the general path reads (and reports) the bad one
+        hdr, heads, sizes = hdr[:n], heads[:n], sizes[:n]
+    return hdr, heads, sizes
+
+
 def checked_members(
     buf: bytes, base: int, heads: list[int], sizes: list[int]
 ) -> list[tuple[str, int, bytes]]:
@@ -113,19 +131,101 @@ def checked_members(
     """
     if not heads:
         return []
-    # headers sit a whole number of blocks apart: index the buffer's blocks, not its bytes
-    skew = heads[0] % BLOCK
-    blocks = np.frombuffer(buf, dtype=np.uint8, count=(len(buf) - skew) // BLOCK * BLOCK, offset=skew)
-    hdr = blocks.reshape(-1, BLOCK)[(np.asarray(heads, dtype=np.int64) - skew) // BLOCK]
-    chk = hdr[:, 148:154].astype(np.int64) - 48
-    computed = hdr.sum(axis=1, dtype=np.int64) - hdr[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-    good = (chk @ _POW8_CHK == computed) & ((chk >= 0) & (chk <= 7)).all(axis=1)
-    if not good.all():
-        n = int(np.argmin(good))  # the general path reads (and reports) the bad one
-        heads, sizes = heads[:n], sizes[:n]
+    _, heads, sizes = _checked_headers(buf, heads, sizes)
     find = buf.find
     return [
         (buf[p : n if n >= 0 else p + 100].decode("utf-8", "surrogateescape"), base + p, buf[p + BLOCK : p + BLOCK + size])
         for p, n, size in zip(heads, map(find, repeat(b"\0"), heads, [p + 100 for p in heads]), sizes)
     ]
 
+
+class SampleRun:
+    """Plain members parsed together and already grouped into samples (see :func:`checked_samples`).
+
+    Attributes:
+        keys: the samples' keys, in tar order (all different).
+        offsets: the absolute offset of each sample's first header.
+        fields: each sample's ``{field: bytes}``, in member order.
+        end: the position in the buffer after the run's last member.
+
+    Iterating it gives its members, ``(name, header offset, data)``, as
+    :func:`checked_members` does (for a reader that needs them one by one).
+    """
+
+    __slots__ = ("keys", "offsets", "fields", "end", "_args")
+
+    def __init__(self, keys: list[str], offsets: list[int], fields: list[dict[str, bytes]], end: int,
+                 args: tuple[bytes, int, list[int], list[int]]) -> None:
+        self.keys, self.offsets, self.fields, self.end, self._args = keys, offsets, fields, end, args
+
+    def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
+        return iter(checked_members(*self._args))
+
+
+_COLS = np.arange(100)
+_COLS1 = np.arange(1, 101, dtype=np.uint8)  # column + 1, for the last "/"
+_A = np.uint8(65)  # "A": names - _A < 26 for upper-case letters (uint8 arithmetic wraps)
+
+
+def checked_samples(buf: bytes, base: int, heads: list[int], sizes: list[int]) -> SampleRun | None:
+    """The members at ``heads`` (plain headers, checked as :func:`checked_members` does)
+    grouped into samples, with the key and field split done for all of them at once.
+
+    Only for the common case; anything else returns None and the caller goes member
+    by member (where every rule is applied and every error named): an ASCII name
+    shorter than 100 bytes with a non-empty key (its basename not starting with
+    ``__``) and a non-empty lower-case field (the split as in :func:`.keys.split_name`),
+    a sample's members adjacent (no key of the run appears twice, apart from its
+    members), and no field twice in a sample. The run's last sample may go on in
+    the members after it: the caller decides (its reader has the next ones).
+
+    Returns:
+        A :class:`SampleRun`, or None (nothing checked out, or not the common case).
+    """
+    if not heads:
+        return None
+    hdr, heads, sizes = _checked_headers(buf, heads, sizes)
+    m = len(heads)
+    if not m:
+        return None
+    names = hdr[:, :100]
+    zero = names == 0
+    if not bool(zero[:, 99].all()):  # a NUL ends every name
+        return None
+    nul = zero.argmax(axis=1)
+    w = int(nul.max()) + 1
+    names = names[:, :w]  # the columns any name reaches: the work follows the names' length
+    if int(names.max()) >= 128:  # ASCII only
+        return None
+    cols = _COLS[:w]
+    # basename start: one past the last "/" (0 without one); key/field split: the basename's first "."
+    slash = ((names == 47) * _COLS1[:w]).max(axis=1)
+    dots = (names == 46) & (cols >= slash[:, None])
+    dot = dots.argmax(axis=1)
+    rows = np.arange(m)
+    ok = dots[rows, dot] & (dot > slash) & (dot < nul - 1)
+    ok &= (names[rows, slash] != 95) | (names[rows, np.minimum(slash + 1, w - 1)] != 95)  # no "__" basename
+    if not bool(ok.all()) or bool((((names - _A) < 26) & (cols > dot[:, None])).any()):  # a field in upper case
+        return None
+    same = np.zeros(m, dtype=bool)  # a member with the key of the member before it
+    if m > 1:
+        keyed = np.where(cols < dot[:, None], names, 0)
+        same[1:] = (dot[1:] == dot[:-1]) & (keyed[1:] == keyed[:-1]).all(axis=1)
+    text = names.tobytes().decode("ascii")
+    at = rows * w
+    first = np.flatnonzero(~same)
+    keys = [text[a:b] for a, b in zip(at[first].tolist(), (at + dot)[first].tolist())]
+    if len(set(keys)) != len(keys):
+        return None
+    fields = [text[a:b] for a, b in zip((at + dot + 1).tolist(), (at + nul).tolist())]
+    datas = [buf[p + BLOCK : p + BLOCK + size] for p, size in zip(heads, sizes)]
+    bounds = first.tolist() + [m]
+    if len(bounds) - 1 == m // 2 and m % 2 == 0 and not bool(same[0::2].any()) and bool(same[1::2].all()):
+        samples = [{fields[j]: datas[j], fields[j + 1]: datas[j + 1]} for j in range(0, m, 2)]
+    else:
+        samples = [dict(zip(fields[a:b], datas[a:b])) for a, b in zip(bounds, bounds[1:])]
+    if sum(map(len, samples)) != m:  # a field twice in a sample
+        return None
+    offsets = [base + heads[j] for j in bounds[:-1]]
+    end = heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
+    return SampleRun(keys, offsets, samples, end, (buf, base, heads, sizes))

@@ -25,7 +25,7 @@ from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .keys import split_name
 from .headers import BLOCK, EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_size, member_error, parse_number, parse_pax
 from .limits import DEFAULT_LIMITS, Limits
-from .spans import checked_members, indexed_heads
+from .spans import SampleRun, checked_members, checked_samples, indexed_heads
 
 __all__ = [
     "BLOCK",
@@ -126,7 +126,8 @@ def member_runs(
     end: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
     starts: np.ndarray | None = None,
-) -> Generator[Sequence[Member], None, int]:
+    grouped: bool = False,
+) -> Generator[Sequence[Member] | SampleRun, None, int]:
     """Yield the regular-file members of a tar stream, in runs.
 
     A run is a list of members parsed together (see :func:`_plain_members`) or
@@ -151,6 +152,9 @@ def member_runs(
             None. With them, the plain members of whole samples are walked for
             many samples at once (see :func:`.spans.indexed_heads`); what is
             read is the same.
+        grouped: runs of plain members in the common case come as a
+            :class:`.spans.SampleRun`, already grouped into samples (iterating
+            one still gives its members).
 
     Yields:
         ``(name, header_offset, data)``: the member path (PAX/GNU long names
@@ -216,15 +220,13 @@ def member_runs(
                     # every whole sample in the buffer at once: a numpy step costs about the same for
                     # 16 samples as for 1,000, so a short first run would only repeat the overhead
                     heads, sizes = indexed_heads(buf, pos, base, stop, limits.max_member_bytes, _RUN, starts)
-                    members = checked_members(buf, base, heads, sizes)
-                    if members:
-                        pos = heads[len(members) - 1] + BLOCK + ((sizes[len(members) - 1] + BLOCK - 1) & ~(BLOCK - 1))
-                    else:  # mid-sample (after a member read by the general path): walk to the next start
+                    members, pos = _bulk_run(buf, pos, base, heads, sizes, grouped)
+                    if not members:  # mid-sample (after a member read by the general path): walk to the next start
                         after = int(np.searchsorted(starts, offset, side="right"))
                         if after < len(starts):
                             bound = int(starts[after]) if stop < 0 else min(stop, int(starts[after]))
                 if not members:
-                    members, pos = _plain_members(buf, pos, base, bound, limits.max_member_bytes, run)
+                    members, pos = _plain_members(buf, pos, base, bound, limits.max_member_bytes, run, grouped)
                 run = min(2 * run, _RUN)  # short runs first: the first sample comes soon
                 if members:
                     yield members
@@ -312,8 +314,8 @@ _RUN = 4096  # most members parsed in one run (their headers are gathered: 2 MiB
 
 
 def _plain_members(
-    buf: bytes, pos: int, base: int, stop: int, max_member: int, most: int = _RUN
-) -> tuple[list[Member], int]:
+    buf: bytes, pos: int, base: int, stop: int, max_member: int, most: int = _RUN, grouped: bool = False
+) -> tuple[list[Member] | SampleRun, int]:
     """The run of plain members at ``buf[pos:]``, their headers checked together with numpy.
 
     A plain member is the common case: a ustar regular file (type ``"0"``, no
@@ -332,10 +334,11 @@ def _plain_members(
             ``base + pos``; ``stop``: the absolute offset to stop at (-1: none).
         max_member: :attr:`Limits.max_member_bytes`.
         most: the most members in the run.
+        grouped: see :func:`_bulk_run`.
 
     Returns:
         ``(members, pos)``: ``(name, header offset, data)`` of each member of the
-        run, and the position after it.
+        run (or a :class:`.spans.SampleRun`), and the position after it.
     """
     heads: list[int] = []
     sizes: list[int] = []
@@ -357,8 +360,21 @@ def _plain_members(
         heads.append(p)
         sizes.append(size)
         p = nxt
+    return _bulk_run(buf, pos, base, heads, sizes, grouped)
+
+
+def _bulk_run(
+    buf: bytes, pos: int, base: int, heads: list[int], sizes: list[int], grouped: bool
+) -> tuple[list[Member] | SampleRun, int]:
+    """The members of a walk (``heads``, ``sizes``) up to the first bad checksum, and the
+    position after them (``pos`` when there are none). With ``grouped``, the common case
+    comes as a :class:`.spans.SampleRun` (see :func:`.spans.checked_samples`)."""
     if not heads:
         return [], pos
+    if grouped:
+        found = checked_samples(buf, base, heads, sizes)
+        if found is not None:
+            return found, found.end
     members = checked_members(buf, base, heads, sizes)
     if not members:
         return [], pos
@@ -466,7 +482,34 @@ def iter_samples(
     sample_offset = start
     count = 0
     try:
-        for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts)):
+        for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=True):
+            if type(run) is SampleRun:
+                # grouped already (the common case, see checked_samples): whole samples at once
+                keys = run.keys
+                head = 0
+                if keys[0] == key:  # the open sample goes on in this run
+                    head = 1 if type(fields) is dict and fields.keys().isdisjoint(run.fields[0]) else -1
+                if head >= 0 and closed.isdisjoint(keys[head:]):
+                    if head:
+                        fields.update(run.fields[0])  # type: ignore[union-attr]
+                    last = len(keys) - 1
+                    if last < head:
+                        continue
+                    if key is not None:
+                        if fields is not None:
+                            yield key, sample_offset, fields
+                            count += 1
+                            if limit is not None and count >= limit:
+                                return
+                        closed.add(key)
+                    stop_at = last if limit is None else min(last, head + limit - count)
+                    yield from zip(keys[head:stop_at], run.offsets[head:stop_at], run.fields[head:stop_at])
+                    count += stop_at - head
+                    if limit is not None and count >= limit:
+                        return
+                    closed.update(keys[head:last])
+                    key, sample_offset, fields = keys[last], run.offsets[last], run.fields[last]
+                    continue
             for name, offset, data in run:  # a run is a list: no generator step per member
                 # key/field split as in split_name(), inlined: this loop runs once per member
                 slash = name.rfind("/") + 1
