@@ -601,7 +601,8 @@ class ShardDataset(IterableDataset):
         step = resume.step if resume is not None else 0
         # whole batches round robin: the DataLoader, taking one from each worker in turn,
         # yields them in plan order, the same sequence for any number of workers
-        return [step + b for b in worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)]
+        mine = worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)
+        return list(range(step + mine.start, step + mine.stop, mine.step))
 
     def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
         """Compose the stages; returns (items, planned batch sizes)."""
@@ -696,12 +697,13 @@ class ShardDataset(IterableDataset):
         self, world: World, epoch: int, ids: list[int], skip: int, policy: stages.ErrorPolicy, progress: list[Any], in_main: bool
     ) -> Iterator[Any]:
         items, _ = self._pipeline(world, epoch, ids, skip, policy)
+        stats = policy.stats
         try:
             for item in items:
                 progress[1] += 1
                 if item is None:
                     continue
-                policy.good()
+                stats["samples"] += 1  # policy.good(), without a call per sample
                 yield item
             policy.check_end()
         finally:

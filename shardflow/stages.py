@@ -71,7 +71,8 @@ class ErrorPolicy:
         self.max_consecutive = max_consecutive
         self.stats: Counter[str] = Counter()
         self.bad_shards: dict[str, set[str]] = {}
-        self._run = 0
+        self._run = 0  # bad samples since the last good one (as of ``stats["samples"] == self._good``)
+        self._good = 0
         self._warned = 0
         self._last: ShardflowError | None = None
 
@@ -89,6 +90,9 @@ class ErrorPolicy:
         else:
             self.stats[err.reason] += 1
         self.stats["skipped"] += samples
+        good = self.stats["samples"]
+        if good != self._good:  # a sample was yielded since the last bad one
+            self._run, self._good = 0, good
         self._run += samples
         self._last = err
         if self.mode == "warn":
@@ -111,9 +115,9 @@ class ErrorPolicy:
         return out
 
     def good(self) -> None:
-        """Record a yielded sample."""
+        """Record a yielded sample: ``stats["samples"] += 1``, which a hot loop may do itself
+        (the run of bad samples in a row restarts whenever that counter moves)."""
         self.stats["samples"] += 1
-        self._run = 0
 
     def check_end(self) -> None:
         """At the end of a pass: fail if everything was dropped; under ``"warn"``, log

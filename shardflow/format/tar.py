@@ -17,6 +17,7 @@ user/group names, mode 0644.
 from __future__ import annotations
 
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from typing import Any
 from zlib import adler32 as _adler
 
 import numpy as np
@@ -483,32 +484,15 @@ def iter_samples(
     count = 0
     try:
         for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=True):
-            if type(run) is SampleRun:
-                # grouped already (the common case, see checked_samples): whole samples at once
-                keys = run.keys
-                head = 0
-                if keys[0] == key:  # the open sample goes on in this run
-                    head = 1 if type(fields) is dict and fields.keys().isdisjoint(run.fields[0]) else -1
-                if head >= 0 and closed.isdisjoint(keys[head:]):
-                    if head:
-                        fields.update(run.fields[0])  # type: ignore[union-attr]
-                    last = len(keys) - 1
-                    if last < head:
-                        continue
-                    if key is not None:
-                        if fields is not None:
-                            yield key, sample_offset, fields
-                            count += 1
-                            if limit is not None and count >= limit:
-                                return
-                        closed.add(key)
-                    stop_at = last if limit is None else min(last, head + limit - count)
-                    yield from zip(keys[head:stop_at], run.offsets[head:stop_at], run.fields[head:stop_at])
-                    count += stop_at - head
-                    if limit is not None and count >= limit:
+            if type(run) is SampleRun:  # grouped already (the common case): whole samples at once
+                got = _grouped(run, key, fields, sample_offset, closed)
+                if got is not None:
+                    done, key, fields, sample_offset = got
+                    if limit is not None and count + len(done) >= limit:
+                        yield from done[: limit - count]
                         return
-                    closed.update(keys[head:last])
-                    key, sample_offset, fields = keys[last], run.offsets[last], run.fields[last]
+                    count += len(done)
+                    yield from done
                     continue
             for name, offset, data in run:  # a run is a list: no generator step per member
                 # key/field split as in split_name(), inlined: this loop runs once per member
@@ -570,6 +554,47 @@ def iter_samples(
         raise
     if key is not None and fields is not None:
         yield key, sample_offset, fields
+
+
+def _grouped(
+    run: SampleRun, key: str | None, fields: Any, offset: int, closed: set[str]
+) -> tuple[list[tuple[str, int, dict[str, bytes] | SampleError]], str, Any, int] | None:
+    """The samples that a grouped run completes, for :func:`iter_samples`.
+
+    Args:
+        run: the run; ``key``, ``fields``, ``offset``: the open sample (its key,
+            ``{field: bytes}``, a SampleError or None, and its first header's
+            offset; key None before the first); ``closed``: the keys of the
+            samples closed before it (updated).
+
+    Returns:
+        ``(done, key, fields, offset)``: the samples to yield, in order (the open
+        one first when the run closes it), and the sample now open (the run's
+        last); or None, changing nothing, where the run must go member by
+        member: it goes on with the open sample and repeats one of its fields, or
+        a key of it was closed before.
+    """
+    keys = run.keys
+    head = 0
+    if keys[0] == key:  # the open sample goes on in this run
+        if type(fields) is not dict or not fields.keys().isdisjoint(run.fields[0]):
+            return None
+        head = 1
+    if not closed.isdisjoint(keys[head:]):
+        return None
+    if head:
+        fields.update(run.fields[0])
+    last = len(keys) - 1
+    if last < head:
+        return [], key, fields, offset  # type: ignore[return-value]
+    done: list[tuple[str, int, Any]] = []
+    if key is not None:
+        if fields is not None:
+            done.append((key, offset, fields))
+        closed.add(key)
+    done.extend(zip(keys[head:last], run.offsets[head:last], run.fields[head:last]))
+    closed.update(keys[head:last])
+    return done, keys[last], run.fields[last], run.offsets[last]
 
 
 def _increasing(starts: Collection[int] | None) -> np.ndarray | None:
