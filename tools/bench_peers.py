@@ -423,7 +423,16 @@ def measure(lib: str, data: str, tree: str, n: int, quick: bool) -> dict[str, fl
 
 
 def limits(tree: str) -> dict[str, float]:
-    """Pillow and simplejpeg decode limits: the same bytes in RAM, decoded in a loop."""
+    """Pillow and simplejpeg decode limits: the same bytes in RAM, decoded in a loop.
+
+    Run in a process that has imported torch, as every reader measured beside it has. That
+    matters through glibc's malloc: until a process frees one large mmap'd block (importing
+    torch does), malloc serves every block over 128 KiB, such as a photo's ~0.5 MB decode
+    buffers, with a fresh mmap, so each 400x350 decode paid ~340 first-touch page faults and
+    twice the CPU time (1,321/s here against 1,905/s for LitData's identical Pillow decode).
+    """
+    import torch  # noqa: F401 - the readers' allocator state (see above)
+
     blobs = [open(p, "rb").read() for p, _ in list_tree(tree)]
     out = {"pillow": timed_count(lambda: (pil_rgb(b) for b in blobs), 1.0, passes=1)}
     try:
