@@ -7,15 +7,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from . import stages
+from . import stages, transfer
 from .plan import cost_budgets
 from .state import ResumePoint
 from .world import World
 
 __all__ = [
-    "BY_VALUE_MAX_BYTES",
     "Batching",
     "WorkerItem",
     "tag_sources",
@@ -26,19 +23,6 @@ __all__ = [
     "close_iter",
     "Primed",
 ]
-
-BY_VALUE_MAX_BYTES: int = 1 << 16
-"""Tensors of a worker's batch up to this many bytes (64 KiB: labels, keys' indices, small
-features) reach the main process pickled by value, through the DataLoader's pipe; larger ones
-through torch's shared memory, in which :func:`shardflow.collation.collate` stacks them when it
-runs in a worker (as torch's ``default_collate`` does), so that sending them copies nothing more.
-
-Torch would send every CPU tensor through a shared-memory segment of its own: a file in
-``/dev/shm``, a descriptor passed over a socket, page faults in both processes. For a batch of
-64 images of 64x64 with labels, stacking into shared memory and sending the labels by value cut
-the CPU time of a batch's trip from a worker from about 1.8 to 1.5 ms (worker and main
-process together, on 2 cores)."""
-
 
 @dataclass(frozen=True)
 class Batching:
@@ -93,71 +77,21 @@ class WorkerItem:
     stats: dict[str, int] = field(default_factory=dict)
     final: bool = False
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by the DataLoader to cross from a worker: small tensors by value (see
-        # BY_VALUE_MAX_BYTES), the rest as torch's reductions send them.
-        return (_rebuild_item, (self.worker, self.index, _by_value(self.data), self.stats, self.final))
-
-
-class _TensorBytes:
-    """A tensor travelling by value as a numpy array (numpy pickles its bytes in-band)."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
+    pools: frozenset[int] = frozenset()
+    """In the main process: the worker buffer pools the batch came through (see
+    :mod:`shardflow.transfer`)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_TensorBytes, (self.array,))
-
-
-def _by_value(data: Any) -> Any:
-    """``data`` with each small plain CPU tensor inside dicts, lists and tuples wrapped as
-    :class:`_TensorBytes`; anything else (graphs, shared or large tensors) as it is."""
-    kind = type(data)
-    if kind is dict:
-        return {k: _by_value(v) for k, v in data.items()}
-    if kind is list or kind is tuple:
-        return kind(_by_value(v) for v in data)
-    if kind is not torch.Tensor:
-        return data
-    if (
-        data.device.type != "cpu"
-        or data.layout != torch.strided
-        or data.requires_grad
-        or data.dtype not in _NUMPY_DTYPES
-        or data.is_conj()
-        or data.is_neg()
-        or data.is_shared()
-        or data.numel() * data.element_size() > BY_VALUE_MAX_BYTES
-    ):
-        return data
-    try:
-        return _TensorBytes(data.numpy())
-    except (RuntimeError, TypeError):  # a tensor numpy cannot view (named dimensions, ...)
-        return data
-
-
-def _from_value(data: Any) -> Any:
-    kind = type(data)
-    if kind is dict:
-        return {k: _from_value(v) for k, v in data.items()}
-    if kind is list or kind is tuple:
-        return kind(_from_value(v) for v in data)
-    if kind is _TensorBytes:
-        return torch.from_numpy(data.array)  # unpickled arrays are writable: no copy, no warning
-    return data
+        # Pickled by the DataLoader to cross from a worker (see shardflow.transfer).
+        return (_rebuild_item, (self.worker, self.index, transfer.to_wire(self.data), self.stats, self.final))
 
 
 def _rebuild_item(worker: int, index: int, data: Any, stats: dict[str, int], final: bool) -> WorkerItem:
-    return WorkerItem(worker, index, _from_value(data), stats, final)
-
-
-# dtypes that Tensor.numpy() and torch.from_numpy carry unchanged
-_NUMPY_DTYPES = frozenset({
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-})  # fmt: skip
+    freed: list[Any] = []
+    item = WorkerItem(worker, index, transfer.from_wire(data, freed), stats, final)
+    transfer.release(freed)  # the whole batch is out of the worker's buffers
+    item.pools = frozenset(token for token, _, _ in freed)
+    return item
 
 
 def tag_sources(items: Iterator[Any], by_url: dict[str, int] | None) -> Iterator[Any]:

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .batching import BY_VALUE_MAX_BYTES
 from .codecs import is_image_field
 from .errors import SampleError
 from .graph.records import GraphRecord
+from .transfer import BY_VALUE_MAX_BYTES, shared_out
 
 __all__ = ["Collate", "collate", "takes_graph_records"]
 
@@ -187,14 +187,14 @@ def _batch_out(count: int, shape: Sequence[int], dtype: torch.dtype | None) -> t
     DataLoader then hands its storage to the main process as it is, where a batch in
     private memory is first copied into shared memory (for 64 photo-sized images, 27 MB,
     on the way of every batch, the first one included). None in the main process, and for
-    a batch of at most :data:`~shardflow.batching.BY_VALUE_MAX_BYTES`, which travels by value."""
+    a batch of at most :data:`~shardflow.transfer.BY_VALUE_MAX_BYTES`, which travels by value.
+    The memory is a reused buffer of the worker's pool (see :mod:`shardflow.transfer`)."""
     if dtype is None or torch.utils.data.get_worker_info() is None:
         return None
     numel = count * int(np.prod(shape, dtype=np.int64))
     if numel * dtype.itemsize <= BY_VALUE_MAX_BYTES:
-        return None  # small: sent by value (see shardflow.batching.BY_VALUE_MAX_BYTES)
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
-    return torch.empty(0, dtype=dtype).set_(storage._untyped_storage, 0, (count, *shape))
+        return None  # small: sent by value (see shardflow.transfer)
+    return shared_out(count, tuple(shape), dtype)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -14,6 +15,7 @@ from .collation import collate as default_collate
 from .batching import Batching, WorkerItem
 from .dataset import ShardDataset
 from .errors import ShardflowError, StateError
+from . import transfer
 
 __all__ = ["loader", "ShardLoader"]
 
@@ -93,6 +95,8 @@ class ShardLoader:
         self._layout: tuple[tuple[int, int], ...] = ()
         self._next_worker = 0
         self._active = False
+        self._pools: set[int] = set()  # the workers' batch buffer pools mapped here (shardflow.transfer)
+        weakref.finalize(self, transfer.forget, self._pools)
 
     @property
     def workers(self) -> int:
@@ -120,6 +124,8 @@ class ShardLoader:
 
     def _dataloader(self, fresh: bool) -> DataLoader:
         if self._dl is None or fresh:
+            transfer.forget(self._pools)  # the workers of an earlier DataLoader send no more
+            self._pools.clear()
             self._dl = DataLoader(self.dataset, **self._dl_kwargs)
         return self._dl
 
@@ -161,6 +167,8 @@ class ShardLoader:
                 if not isinstance(item, WorkerItem):
                     raise ShardflowError(f"internal: a worker yielded {type(item).__name__}, not a batch")
                 stats[item.worker] = item.stats
+                if item.pools:
+                    self._pools |= item.pools
                 ds.stats = _merge_stats(stats)
                 if repeated:
                     ds.stats["repeated_batches"] = repeated
@@ -203,6 +211,8 @@ class ShardLoader:
                 if shutdown is not None:
                     shutdown()
                 del it
+                transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
+                self._pools.clear()
         self._lists = []
 
     def state_dict(self) -> dict[str, Any]:

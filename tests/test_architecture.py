@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plan", ("shardflow.plan", "shardflow.order", "shardflow.mixing", "shardflow.elastic")),
     ("reading", ("shardflow.source", "shardflow.stages", "shardflow.phases")),
     ("dataset", ("shardflow.dataset", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
-                 "shardflow.transforms", "shardflow.batching")),
+                 "shardflow.transforms", "shardflow.batching", "shardflow.transfer")),
     ("tools", ("shardflow.writer", "shardflow.shardfile", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
     ("cli", ("shardflow.cli", "shardflow.config")),
 ]

@@ -18,10 +18,11 @@ import torch.multiprocessing  # noqa: F401 - registers torch's reductions with F
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shardflow import ShardDataset
-from shardflow.batching import BY_VALUE_MAX_BYTES, Primed, WorkerItem, skip_items, take
+from shardflow.batching import Primed, WorkerItem, skip_items, take
 from shardflow.collation import collate
 from shardflow.errors import ShardflowError
 from shardflow.loading import loader as make_loader
+from shardflow.transfer import BY_VALUE_MAX_BYTES
 from tests.helpers import make_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

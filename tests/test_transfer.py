@@ -1,0 +1,117 @@
+"""Tests for shardflow.transfer: the per-worker pool of shared-memory batch buffers, in one
+process (pickled as the DataLoader pickles) and through real DataLoader workers."""
+
+from __future__ import annotations
+
+import pickle
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
+from torch.utils.data import DataLoader, IterableDataset
+
+from shardflow import ShardDataset, transfer
+from shardflow.batching import WorkerItem
+from shardflow.codecs.image import decode_image, encode_image
+from shardflow.collation import collate
+from shardflow.loading import loader as make_loader
+from tests.helpers import make_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool(monkeypatch):
+    """Each test sends from a pool of its own (this process plays worker and main process)."""
+    monkeypatch.setattr(transfer, "_pool", None)
+    yield
+    transfer.forget({transfer._pool.token} if transfer._pool is not None else set())
+
+
+def cross(item: WorkerItem) -> WorkerItem:
+    return pickle.loads(bytes(ForkingPickler.dumps(item)))
+
+
+def test_slots_are_reused_and_what_arrived_stays_intact():
+    received = []
+    for k in range(3 * transfer.POOL_SLOTS):
+        out = transfer.shared_out(8, (3, 40, 40), torch.uint8)
+        out.fill_(k)
+        item = cross(WorkerItem(0, k, {"img": out}))
+        received.append(item.data["img"])
+        assert item.pools  # it came through a slot
+        assert not item.data["img"].is_shared()  # copied out into the main process's memory
+    # every slot was handed back, so the pool never ran dry, and each batch kept its values
+    assert [int(t.min()) for t in received] == [int(t.max()) for t in received] == list(range(3 * transfer.POOL_SLOTS))
+
+
+def test_a_slot_not_handed_back_is_never_reused():
+    first = [transfer.shared_out(4, (1000,), torch.float32) for _ in range(transfer.POOL_SLOTS)]
+    for k, t in enumerate(first):
+        t.fill_(k)
+    extra = transfer.shared_out(4, (1000,), torch.float32)  # every slot is taken: a fresh tensor
+    assert all(extra.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in first)
+    assert [float(t.mean()) for t in first] == [float(k) for k in range(transfer.POOL_SLOTS)]
+    for t in first:  # hand them back as the main process would, then they serve again
+        cross(WorkerItem(0, 0, {"x": t}))
+    again = transfer.shared_out(4, (1000,), torch.float32)
+    assert again.untyped_storage().data_ptr() in {t.untyped_storage().data_ptr() for t in first}
+
+
+def test_dtypes_shapes_and_a_slot_that_must_grow():
+    for dtype, shape in [(torch.float64, (5, 7, 300)), (torch.int16, (2, 40000)), (torch.bool, (70000,))]:
+        out = transfer.shared_out(3, shape, dtype)
+        src = torch.arange(out.numel()).reshape(out.shape) % 7
+        out.copy_(src.to(dtype))
+        got = cross(WorkerItem(0, 0, {"nested": [(out,)]})).data["nested"][0][0]
+        assert got.dtype == dtype and got.shape == (3, *shape)
+        torch.testing.assert_close(got, src.to(dtype), rtol=0, atol=0)
+
+
+def test_unknown_pool_is_an_error():
+    out = transfer.shared_out(2, (200, 200), torch.uint8)
+    item = cross(WorkerItem(0, 0, {"img": out}))
+    transfer.forget(set(item.pools))
+    out = transfer.shared_out(2, (200, 200), torch.uint8)
+    with pytest.raises(Exception, match="forgotten"):
+        cross(WorkerItem(0, 0, {"img": out}))
+
+
+class _Many(IterableDataset):
+    """A plain DataLoader over collate's batches (no WorkerItem: nobody hands slots back)."""
+
+    def __iter__(self):
+        for k in range(2 * transfer.POOL_SLOTS):
+            yield collate([{"img": torch.full((3, 64, 64), k, dtype=torch.uint8)} for _ in range(8)])
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_dataloader_gets_every_batch_intact():
+    batches = list(DataLoader(_Many(), batch_size=None, num_workers=1, timeout=60))
+    assert [int(b["img"].min()) for b in batches] == [int(b["img"].max()) for b in batches] == list(range(8))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loader_batches_through_the_pool_are_exact_and_unmapped_after(tmp_path: Path, persistent: bool):
+    """Every batch of two epochs, all held at once: none was overwritten by a reused slot."""
+    rng = np.random.default_rng(0)
+    images = [encode_image(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), "png") for _ in range(96)]
+    root = make_shards(tmp_path, [24] * 4, lambda i: {"png": images[i]})
+    ds = ShardDataset(str(root), decode="torch", shuffle=True, seed=3)
+    loader = make_loader(ds, batch_size=8, num_workers=2, persistent_workers=persistent, timeout=60)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        held = list(loader)
+        assert sum(len(b["__key__"]) for b in held) == 96
+        for batch in held:
+            assert batch["png"].shape == (8, 3, 48, 64) and batch["png"].dtype == torch.uint8
+            for key, img in zip(batch["__key__"], batch["png"]):
+                expected = decode_image(images[int(key)], "torch")
+                torch.testing.assert_close(img, expected, rtol=0, atol=0)
+    if not persistent:
+        assert not transfer._received  # the stopped workers' buffers are unmapped
+    del loader
