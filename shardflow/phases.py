@@ -1,18 +1,26 @@
-"""Reading a worker's planned samples with its first batch first.
+"""Reading a worker's planned samples in two phases: what its first batch needs, then the rest.
 
 A worker yields its batches in plan order, each as soon as every sample of it has
 been read, and reads its samples in read order (shard by shard, so that a run of
-samples is one stream). In a fresh epoch the first batch's samples lie among the
-first ~2 batches' worth of reads (the shuffle buffer starts emitting early), but
-in a resumed epoch they are scattered over the whole shuffle buffer as it was at
-the resume point: some entered it thousands of reads earlier. Reading in read
-order, a resumed worker then reads all of its samples still in that buffer
-(~8 batches' worth for a 1,000-sample buffer and batches of 64) before its first
-batch. :func:`read_planned_in_phases` reads the first batch's samples on their own
-first (seeking with the offset index), then the rest in read order.
+samples is one stream). Two cases make the first batch wait for reads it does not
+need:
 
-What is yielded does not change, only when it is read: :func:`~shardflow.stages.emit_in_order`
-puts every sample in its place in the plan's yield order either way.
+* A resumed epoch: the first batch's samples are scattered over the whole
+  shuffle buffer as it was at the resume point (some entered it thousands of
+  reads earlier), so reading in read order reads all of the worker's samples
+  still in that buffer (~8 batches' worth for a 1,000-sample buffer and batches
+  of 64) before the first batch. The first phase reads the first batch's samples
+  alone (seeking with the offset index).
+* A fresh epoch on local shards: the first batch's samples lie among the first
+  ~2 batches' worth of reads, spread over the ``interleave`` shards read at
+  once, but each of those streams starts with a whole read block (4 MiB: all of a
+  small shard), every header of which is walked. The first phase reads the
+  needed positions up to the first batch's last one, so that its reads end where
+  its samples do (through the offset index).
+
+The second phase reads the rest in read order. What is yielded does not change,
+only when it is read: :func:`~shardflow.stages.emit_in_order` puts every sample
+in its place in the plan's yield order either way.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import stages, storage
+from .errors import ShardflowError
 from .plan import RankPlan
 from .source import ShardSet
 
@@ -30,27 +39,38 @@ __all__ = ["read_planned_in_phases", "PHASE_RATIO"]
 
 PHASE_RATIO = 4
 """The first batch is read on its own when reading in read order would read more
-than this many times its samples before it is complete."""
+than this many times its samples before it is complete (a resume)."""
 
 
-def first_phase(needed: np.ndarray, order: np.ndarray, first: int) -> np.ndarray | None:
-    """The read positions of the first batch to read on their own, or None.
+def first_phase(needed: np.ndarray, order: np.ndarray, first: int, *, bounded: bool = False) -> np.ndarray | None:
+    """The read positions to read before all others, or None (read in read order).
 
     Args:
         needed: bool, shape (read positions,): the positions the worker reads.
         order: int64, the worker's read positions in yield order.
         first: samples in the worker's first batch.
+        bounded: also split a fresh start (see below); for shards read through
+            an offset index from local files.
 
     Returns:
-        ``order[:first]`` when reading in read order would read more than
-        :data:`PHASE_RATIO` times as many positions before the first batch is
-        complete; else None (a fresh epoch: reading in order costs little more).
+        ``order[:first]``, the first batch alone, when reading in read order
+        would read more than :data:`PHASE_RATIO` times as many positions before
+        it is complete (a resumed epoch). Else, with ``bounded``, the needed
+        positions up to the first batch's last one (a fresh epoch: its first
+        reads then end where the first batch's samples do, rather than reading
+        a whole read block of every shard open). Else None. Also None when
+        nothing would be left for a second phase.
     """
     if first <= 0 or len(order) <= first:
         return None
     head = order[:first]
-    before = int(np.count_nonzero(needed[: int(head.max()) + 1]))
-    return head if before > PHASE_RATIO * first else None
+    last = int(head.max())
+    before = int(np.count_nonzero(needed[: last + 1]))
+    if before > PHASE_RATIO * first:
+        return head
+    if bounded and before < len(order):
+        return np.flatnonzero(needed[: last + 1])
+    return None
 
 
 def read_planned_in_phases(
@@ -65,8 +85,10 @@ def read_planned_in_phases(
     expand: int = 1,
     prepare: Callable[[dict[str, Any]], list[Any] | None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """:func:`~shardflow.stages.read_planned`, the first batch's positions first when
-    :func:`first_phase` says so.
+    """:func:`~shardflow.stages.read_planned`, the positions :func:`first_phase` gives
+    read first, when every shard of the plan has an offset index (to seek to where
+    the second phase starts; fresh starts are split on local shards only, where
+    reading through the index costs no request).
 
     Args:
         plan, needed, source, io, policy, offsets, expand, prepare: as
@@ -75,10 +97,17 @@ def read_planned_in_phases(
         first: samples in the first batch (its positions are ``order[:first]``).
 
     Yields:
-        ``(position, item)`` for every needed position once: the first batch's in
-        read order, then the others in read order.
+        ``(position, item)`` for every needed position once: the first phase's
+        in read order, then the others in read order.
     """
-    head = first_phase(needed, order, first)
+    shards = [seg.shard for seg in plan.segments]
+    seekable = bool(shards) and all(source.index_urls[sh] is not None for sh in shards)
+    local = seekable and all(storage.is_local(source.urls[sh]) for sh in shards)
+    head = first_phase(needed, order, first) if seekable else None
+    if head is None and local:
+        head = first_phase(needed, order, first, bounded=True)
+        if head is not None and not _plain(plan, head, source, io):
+            head = None  # a fresh start on a compressed shard: it streams whole, never through the index
     if head is None:
         yield from stages.read_planned(plan, needed, source, io, policy, offsets, expand, prepare)
         return
@@ -91,3 +120,17 @@ def read_planned_in_phases(
             yield from reads
         finally:
             reads.close()
+
+
+def _plain(plan: RankPlan, positions: np.ndarray, source: ShardSet, io: storage.IOOptions) -> bool:
+    """Whether the shards read at ``positions`` are plain tars (no gzip/zstd magic bytes).
+
+    A compressed shard may still have an offset index (written before it was
+    compressed); read from its start it streams whole, decompressed, and a fresh
+    start must keep it so. One 4-byte read per shard (local files only come here).
+    """
+    segments = np.unique(plan.read_segment[positions])
+    try:
+        return not any(storage.is_compressed(source.urls[plan.segments[int(s)].shard], io) for s in segments)
+    except (OSError, ShardflowError):  # the reading itself reports what is wrong
+        return False

@@ -35,11 +35,17 @@ def _worker_positions(plan: RankPlan, step: int, worker: int, workers: int) -> t
     return needed, order, sizes[0]
 
 
-def test_first_phase_only_when_the_first_batch_lies_far_back() -> None:
+def test_first_phase_of_a_resume_is_the_first_batch_alone() -> None:
     plan = plan_epoch(COUNTS, 0, 1, 0, 0, SHUFFLE, SplitConfig(batch_size=BATCH))
     for workers in (1, 2):
         for worker in range(workers):  # a fresh epoch: the first batches are among the first reads
-            assert first_phase(*_worker_positions(plan, 0, worker, workers)) is None
+            needed, order, first = _worker_positions(plan, 0, worker, workers)
+            assert first_phase(needed, order, first) is None
+            # bounded (local, indexed shards): what is needed up to the first batch's last position
+            head = first_phase(needed, order, first, bounded=True)
+            last = int(order[:first].max())
+            assert head is not None and head.tolist() == np.flatnonzero(needed[: last + 1]).tolist()
+            assert set(order[:first].tolist()) <= set(head.tolist()) and len(head) < len(order)
     needed, order, first = _worker_positions(plan, 25, 0, 2)  # mid-epoch: scattered over the buffer
     head = first_phase(needed, order, first)
     assert head is not None and head.tolist() == order[:first].tolist()
@@ -66,13 +72,14 @@ def test_phased_reading_reads_every_needed_position_once(data: Path, step: int) 
     assert sorted(phased) == sorted(plain)
     assert len(set(p for p, _ in phased)) == len(phased)
     plan = plan_epoch(COUNTS, 0, 1, 0, 0, SHUFFLE, SplitConfig(batch_size=BATCH))
-    head = first_phase(*_worker_positions(plan, step, 0, 2))
-    if head is None:
+    head = first_phase(*_worker_positions(plan, step, 0, 2), bounded=True)  # local shards with an index
+    assert head is not None
+    # the first phase's positions come first, in read order, then the rest in read order
+    assert [p for p, _ in phased[: len(head)]] == sorted(head.tolist())
+    rest = [p for p, _ in phased[len(head):]]
+    assert rest == sorted(rest)
+    if first_phase(*_worker_positions(plan, step, 0, 2)) is None:  # a fresh start: read order itself
         assert phased == plain
-    else:  # the first batch's positions come first, in read order, then the rest in read order
-        assert [p for p, _ in phased[: len(head)]] == sorted(head.tolist())
-        rest = [p for p, _ in phased[len(head):]]
-        assert rest == sorted(rest)
 
 
 def _maker(data: Path, workers: int, on_error: str = "raise") -> Any:
@@ -106,3 +113,43 @@ def test_resume_through_the_first_phase_with_a_truncated_shard(tmp_path: Path) -
     rest = [list(b["__key__"]) for b in third]
     assert head + rest == whole
     assert len({k for b in whole for k in b}) < sum(COUNTS)  # samples were lost, the same ones
+
+
+@pytest.mark.parametrize("k", [0, 25])
+def test_shards_without_an_index_are_read_in_one_phase_and_resume(tmp_path: Path, k: int) -> None:
+    folder = make_shards(tmp_path, COUNTS, index=False)
+    ds = ShardDataset(folder, decode=None)
+    assert all(u is None for u in ds.source.index_urls)
+    assert_resumes(_maker(folder, 2), k=k)
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_phases_are_two_reads_only_with_an_offset_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: bool) -> None:
+    folder = make_shards(tmp_path, COUNTS, index=index)
+    calls = []
+    read = stages.read_planned
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(int(np.count_nonzero(args[1])))
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "read_planned", counted)
+    batches = list(_maker(folder, 0)())
+    assert sum(len(b["__key__"]) for b in batches) == sum(COUNTS)
+    if index:  # what the first batch needs (fresh start), then the rest
+        assert len(calls) == 2 and sum(calls) == sum(COUNTS) and calls[0] < 3 * BATCH
+    else:
+        assert calls == [sum(COUNTS)]
+
+
+def test_a_fresh_start_on_compressed_shards_with_an_index_streams_them_whole(tmp_path: Path) -> None:
+    """Shards gzipped after their offset indexes were written: read from the start they
+    stream whole, decompressed; the first phase (through the index) must not touch them."""
+    import gzip
+
+    folder = make_shards(tmp_path, COUNTS)
+    for path in folder.glob("*.tar"):
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    for workers in (0, 2):
+        batches = list(_maker(folder, workers)())
+        assert sorted(k for b in batches for k in b["__key__"]) == sorted(f"{i:06d}" for i in range(sum(COUNTS)))
