@@ -20,7 +20,7 @@ from torch_geometric.datasets import FakeDataset  # noqa: E402
 import shardflow  # noqa: E402
 from shardflow.collation import Collate, takes_graph_records  # noqa: E402
 from shardflow.errors import DecodeError, SampleError  # noqa: E402
-from shardflow.graph import decode_graph, encode_graph  # noqa: E402
+from shardflow.graph import decode_graph, encode_graph, headers  # noqa: E402
 from shardflow.graph.records import GraphRecord, collate_records, decode_graph_record  # noqa: E402
 from shardflow.writer import ShardWriter  # noqa: E402
 from tests.test_graph_codec import assert_same_graph  # noqa: E402
@@ -84,7 +84,7 @@ def test_fake_dataset_graphs_become_records_and_batch_like_pyg():
     graphs = fake_graphs(40)
     records = records_of(graphs)
     assert all(type(r) is GraphRecord for r in records)
-    assert records[0].names == list(graphs[0]._store._mapping)
+    assert records[0].names == tuple(graphs[0]._store._mapping)
     assert [r.num_nodes for r in records] == [g.num_nodes for g in graphs]
     for follow, exclude in [((), ()), (("x", "edge_index", "y"), ()), (("x",), ("edge_attr",))]:
         batch = collate_records(records, follow_batch=set(follow), exclude_keys=set(exclude))
@@ -210,10 +210,39 @@ def test_bad_headers_raise_decode_graphs_errors():
         assert_like_decode_graph(buf)
 
 
+def _header_text(buf: bytes) -> bytes:
+    return bytes(buf[8 : 8 + int.from_bytes(buf[:8], "little")])
+
+
+def test_a_layout_seen_before_is_read_from_its_template():
+    first, second = fake_graphs(2, seed=4)
+    assert headers.match(_header_text(encode_graph(Data(x=first.x, lone_index=first.edge_index)))) is None
+    assert type(assert_like_decode_graph(encode_graph(Data(x=first.x, lone_index=first.edge_index)))) is GraphRecord
+    buf = encode_graph(Data(x=second.x, lone_index=second.edge_index))
+    found = headers.match(_header_text(buf))
+    assert found is not None and found[0].names == ("x", "lone_index")
+    assert_like_decode_graph(buf)
+    # Digits inside strings are literal: other names, entries and dtypes are other layouts.
+    for graph in (Data(x=second.x, lone2_index=second.edge_index), Data(x=second.x.double(), lone_index=second.edge_index)):
+        other = encode_graph(graph)
+        assert headers.match(_header_text(other)) is None
+        record = assert_like_decode_graph(other)
+        assert type(record) is GraphRecord and record.names == tuple(graph._store._mapping)
+    # A number that json refuses (a leading zero) is decode_graph's error.
+    text = _header_text(buf)
+    shape = text.index(b'"shape":[') + len(b'"shape":[')
+    padded = text[:shape] + b"0" + text[shape:-1]  # the same length: one padding space less
+    assert padded != text and len(padded) == len(text)
+    assert headers.match(padded) is None
+    with pytest.raises(DecodeError):
+        decode_graph_record(buf[:8] + padded + buf[8 + len(text) :])
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_damaged_bytes_give_decode_graphs_outcome(data):
     buf = bytearray(encode_graph(fake_graphs(1, seed=3)[0]))
+    assert type(decode_graph_record(bytes(buf))) is GraphRecord  # (its layout's template is learned)
     cut = data.draw(st.integers(0, len(buf)))
     position = data.draw(st.integers(0, len(buf) - 1))
     damaged = bytearray(buf)

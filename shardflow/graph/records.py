@@ -36,17 +36,18 @@ import torch
 from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 from .bounds import NODE_LEVEL
-from .collate import N_KEYS, NUMPY_DTYPES, cumsum_list, default_rule, int64_tensor, new_batch
+from .collate import N_KEYS, cumsum_list, default_rule, int64_tensor, new_batch
 from .decode import check_tiling, decode_graph, entry_layout, read_header
+from .headers import ARRAY_DTYPES, learn, match
 from .rules import import_pyg
-from .schema import NP_DTYPES, SCHEMA_KEY, SCHEMA_VERSION
+from .schema import SCHEMA_KEY, SCHEMA_VERSION
 
 __all__ = ["GraphRecord", "collate_records", "decode_graph_record"]
 
-_ARRAY_DTYPES = {dt: NP_DTYPES[dt] for dt in NUMPY_DTYPES if dt in NP_DTYPES}
 # Names by which PyG's NodeStorage.can_infer_num_nodes answers True (besides "*node*").
 _INFER_KEYS = frozenset({"num_nodes", "x", "pos", "batch", "adj", "adj_t", "edge_index", "face"})
 _INT64 = np.dtype("<i8")
+_UINT64 = np.dtype("<u8")
 
 
 class GraphRecord:
@@ -54,7 +55,7 @@ class GraphRecord:
 
     Attributes:
         buf: the field's bytes (the arrays are read-only views into them).
-        names: the attribute names, in the graph's order.
+        names: the attribute names (a tuple), in the graph's order.
         arrays: one numpy array per name, the tensor's dtype and shape.
         num_nodes: PyG's ``num_nodes`` of the graph (rows of its first node-level tensor).
         can_infer: PyG's ``can_infer_num_nodes`` (whether a batch gets ``batch`` / ``ptr``).
@@ -64,7 +65,7 @@ class GraphRecord:
 
     __slots__ = ("arrays", "buf", "can_infer", "max_edges", "max_nodes", "names", "num_nodes")
 
-    def __init__(self, buf: Any, names: list[str], arrays: list[np.ndarray], num_nodes: int, can_infer: bool,
+    def __init__(self, buf: Any, names: tuple[str, ...], arrays: list[np.ndarray], num_nodes: int, can_infer: bool,
                  max_nodes: int, max_edges: int) -> None:
         self.buf = buf
         self.names = names
@@ -132,25 +133,63 @@ def _schema_attrs(metadata: dict) -> dict | None:
 def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
     if sys.byteorder != "little":
         return None
-    view, metadata, header, data_start = read_header(buf)
-    attrs = _schema_attrs(metadata)
-    if attrs is None:
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    header_len = int.from_bytes(view[:8], "little")
+    if len(view) < 8 or header_len > len(view) - 8:
         return None
-    entries: dict[str, np.ndarray] = {}
+    text = bytes(view[8 : 8 + header_len])
+    found = match(text)
+    if found is not None:  # a layout seen before: its numbers are all that is new
+        template, numbers = found
+        layouts = [(dtype, [numbers[d] for d in dims], numbers[s], numbers[e]) for dtype, dims, s, e in template.entries]
+        arrays = _entry_arrays(view, 8 + header_len, layouts)
+        if arrays is None:
+            return None
+        return _finish(buf, template.names, [arrays[k] for k in template.attr_entries], max_nodes, max_edges)
+    record = _parsed_record(buf, max_nodes, max_edges)
+    if record is not None:
+        learn(text)
+    return record
+
+
+def _entry_arrays(view: memoryview, data_start: int, layouts: list[tuple]) -> list[np.ndarray] | None:
+    """The entries' arrays, views into ``view``; None where a shape does not fit its offsets.
+
+    Raises:
+        ValueError: the offsets do not tile the data section (see :func:`check_tiling`).
+    """
+    arrays = []
     spans = []
-    for entry, info in header.items():
-        dtype, shape, start, end = entry_layout(entry, info)
-        np_dtype = _ARRAY_DTYPES.get(dtype)
+    for np_dtype, shape, start, end in layouts:
         if np_dtype is None or start < 0:
             return None
         array = np.ndarray(shape, np_dtype, view, data_start + start)  # numpy checks it fits the buffer
         if array.nbytes != end - start:
             return None
         spans.append((start, end))
-        entries[entry] = array
+        arrays.append(array)
     check_tiling(spans, len(view) - data_start)
+    return arrays
+
+
+def _parsed_record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
+    """The record of a header parsed with json (a layout not seen before)."""
+    view, metadata, header, data_start = read_header(buf)
+    attrs = _schema_attrs(metadata)
+    if attrs is None:
+        return None
+    layouts = []
+    for entry, info in header.items():
+        dtype, shape, start, end = entry_layout(entry, info)
+        layouts.append((ARRAY_DTYPES.get(dtype), shape, start, end))
+    arrays = _entry_arrays(view, data_start, layouts)
+    if arrays is None:
+        return None
+    entries = dict(zip(header, arrays))
     names = []
-    arrays = []
+    chosen = []
     for name, enc in attrs.items():
         if type(enc) is not dict or len(enc) != 1 or "batch" in name or name == "ptr" or name == "num_nodes":
             return None
@@ -158,42 +197,50 @@ def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
         if type(entry) is not str:
             return None
         names.append(name)
-        arrays.append(entries[entry])
-    if not _within_bounds(dict(zip(names, arrays)), max_nodes, max_edges):
-        return None
-    num_nodes = None
-    for name, array in zip(names, arrays):
-        if name in N_KEYS:  # PyG's NodeStorage.num_nodes: the first of these, along dim 0
-            if array.ndim:
-                num_nodes = int(array.shape[0])
-            break
-    if num_nodes is None:
-        return None  # PyG infers it otherwise (and warns): the graph decides
-    can_infer = any(name in _INFER_KEYS or "node" in name for name in names)
-    return GraphRecord(buf, names, arrays, num_nodes, can_infer, max_nodes, max_edges)
+        chosen.append(entries[entry])
+    return _finish(buf, tuple(names), chosen, max_nodes, max_edges)
 
 
-def _within_bounds(mapping: dict[str, np.ndarray], max_nodes: int, max_edges: int) -> bool:
-    """What :func:`~shardflow.graph.bounds.check_graph` accepts, for a record's arrays
-    (False where it might not: then ``decode_graph`` decides and names the problem)."""
+def _finish(buf: Any, names: tuple[str, ...], arrays: list[np.ndarray], max_nodes: int, max_edges: int) -> GraphRecord | None:
+    """The record, after the bounds checks of :func:`~shardflow.graph.bounds.check_graph`;
+    None where the graph might not pass them (then ``decode_graph`` decides and names the
+    problem) or where PyG would infer its node count otherwise."""
+    plan = _PLANS.get(names)
+    if plan is None:
+        plan = _PLANS[names] = _plan(names)
+    node_level, edges, first_n_key, can_infer = plan
     nodes = None
-    for name in NODE_LEVEL:
-        array = mapping.get(name)
-        if array is not None and array.ndim >= 1:
-            nodes = int(array.shape[0])
+    for k in node_level:  # check_graph's declared node count: rows of the first of NODE_LEVEL
+        if arrays[k].ndim:
+            nodes = arrays[k].shape[0]
             break
     if nodes is not None and nodes > max_nodes:
-        return False
-    ids = mapping.get("edge_index")
-    if ids is None:
-        return True
-    if ids.dtype != _INT64 or ids.ndim != 2 or ids.shape[0] != 2 or ids.shape[1] > max_edges:
-        return False
-    if ids.size:
-        high = int(ids.max())
-        if int(ids.min()) < 0 or high >= max_nodes or (nodes is not None and high >= nodes):
-            return False
-    return True
+        return None
+    if edges is not None:
+        ids = arrays[edges]
+        if ids.dtype != _INT64 or ids.ndim != 2 or ids.shape[0] != 2 or ids.shape[1] > max_edges:
+            return None
+        # One reduction: as uint64 a negative id is above every bound.
+        if ids.size and int(ids.view(_UINT64).max()) >= (max_nodes if nodes is None else min(nodes, max_nodes)):
+            return None
+    if first_n_key is None or not arrays[first_n_key].ndim:
+        return None  # PyG infers the node count otherwise (and warns): the graph decides
+    return GraphRecord(buf, names, arrays, arrays[first_n_key].shape[0], can_infer, max_nodes, max_edges)
+
+
+_PLANS: dict[tuple[str, ...], tuple] = {}
+
+
+def _plan(names: tuple[str, ...]) -> tuple:
+    """``(indices of NODE_LEVEL names in their order, index of edge_index, index of the first
+    N_KEYS name (PyG's NodeStorage.num_nodes takes its rows), can_infer_num_nodes)``."""
+    node_level = [names.index(n) for n in NODE_LEVEL if n in names]
+    edges = names.index("edge_index") if "edge_index" in names else None
+    first_n_key = next((k for k, n in enumerate(names) if n in N_KEYS), None)
+    can_infer = any(n in _INFER_KEYS or "node" in n for n in names)
+    if len(_PLANS) > 1024:
+        _PLANS.clear()
+    return node_level, edges, first_n_key, can_infer
 
 
 def collate_records(
