@@ -20,16 +20,19 @@ Every pipeline is measured in its own fresh process (one per pipeline and
 size): graphs/s for each epoch and the process's peak RSS (``ru_maxrss``; the
 parent process stays small, and ``VmHWM``, which starts afresh at exec, is
 checked to agree). Conversions and the dataset build run in other processes.
-``--repeat`` measures each pipeline that many times at the first size,
-interleaved, and keeps the best rate (other load on the machine only ever slows
-a run down); the larger size, there for memory, is measured once. Set-up time
+``--repeat`` (default 3) measures each pipeline that many times at the first
+size, alternating (shardflow, InMemoryDataset, webdataset, shardflow, ...), and
+reports medians with their ranges, and the ratios of runs next to each other, by
+wall time and by the process's CPU time (the machine's other load moves the
+first; the rates per CPU second are the steadier comparison); the larger size,
+there for memory, is measured once. Set-up time
 (imports, loading the dataset, reading the manifest) is reported apart from
 the epochs. ``--profile``
 adds a cProfile of one shardflow epoch, grouped by stage.
 
 Usage::
 
-    python tools/bench_graphs.py WORKDIR [--graphs 20000] [--scale 4] [--repeat 1] [--threads N] [--profile]
+    python tools/bench_graphs.py WORKDIR [--graphs 20000] [--scale 4] [--repeat 3] [--threads N] [--profile]
 
 Prints Markdown tables with the ratios.
 """
@@ -131,15 +134,17 @@ def step_wds_write(work: str, graphs: int) -> dict:
     return {"seconds": seconds, "rate": graphs / seconds, "bytes": size}
 
 
-def _epochs(make_iter, epochs: int) -> list[float]:
-    rates = []
+def _epochs(make_iter, epochs: int) -> tuple[list[float], list[float]]:
+    """Graphs per wall second and per CPU second (all threads of the process) of each epoch."""
+    rates, cpu_rates = [], []
     for epoch in range(epochs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         n = 0
         for batch in make_iter(epoch):
             n += batch.num_graphs
         rates.append(n / (time.perf_counter() - t))
-    return rates
+        cpu_rates.append(n / max(time.process_time() - c, 1e-9))
+    return rates, cpu_rates
 
 
 def step_read(work: str, graphs: int, pipeline: str, epochs: int) -> dict:
@@ -188,8 +193,8 @@ def step_read(work: str, graphs: int, pipeline: str, epochs: int) -> dict:
     else:
         raise ValueError(pipeline)
     setup = time.perf_counter() - t0
-    rates = _epochs(make_iter, epochs)
-    return {"rates": rates, "setup": setup, **_peak()}
+    rates, cpu_rates = _epochs(make_iter, epochs)
+    return {"rates": rates, "cpu_rates": cpu_rates, "setup": setup, **_peak()}
 
 
 def step_profile(work: str) -> dict:
@@ -219,8 +224,10 @@ def step_profile(work: str) -> dict:
         return sum(v[2] for (f, _, _), v in stats.items() if any(x in f for x in fragments))
 
     parts = {
-        "decode_graph (safetensors parse + Data)": cum("shardflow/graph/decode.py", "decode_graph"),
-        "collate_graphs (Batch)": cum("shardflow/graph/collate.py", "collate_graphs"),
+        "decode_graph_record (header, checks, array views)": cum("shardflow/graph/records.py", "decode_graph_record"),
+        "collate_records (Batch)": cum("shardflow/graph/records.py", "collate_records"),
+        "decode_graph / collate_graphs (graphs that are not records)": cum("shardflow/graph/decode.py", "decode_graph")
+        + cum("shardflow/graph/collate.py", "collate_graphs"),
         "tar parse (shardflow/format/tar.py)": own("shardflow/format/tar.py"),
         "file reads (shardflow/storage/, builtin read)": own("shardflow/storage/")
         + sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "read" in fn),
@@ -251,6 +258,12 @@ def _run(args: argparse.Namespace, step: str, work: str, graphs: int, *extra: st
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def _mb(kb: float) -> str:
     return f"{kb / 1024:,.0f} MB"
 
@@ -261,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", type=int, default=20_000)
     parser.add_argument("--scale", type=int, default=4, help="the larger dataset has SCALE x GRAPHS graphs")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=1, help="measure each pipeline this many times (best rate kept)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="measure each pipeline this many times, alternating (medians and ranges reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in every process (0: torch's default)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one shardflow epoch")
     parser.add_argument("--step", help=argparse.SUPPRESS)
@@ -309,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                 reads[p].append(_run(args, "read", work, g, "--pipeline", p, "--epochs", str(epochs)))
         r["read"] = {
             p: {
-                "rates": [max(run["rates"][e] for run in runs) for e in range(len(runs[0]["rates"]))],
+                "rates": [_median([run["rates"][e] for run in runs]) for e in range(len(runs[0]["rates"]))],
+                "range": [[min(run["rates"][e] for run in runs), max(run["rates"][e] for run in runs)]
+                          for e in range(len(runs[0]["rates"]))],
+                "cpu_rates": [_median([run["cpu_rates"][e] for run in runs]) for e in range(len(runs[0]["rates"]))],
+                "ratios": [[a["rates"][e] / b["rates"][e] for a, b in zip(reads["shardflow"], runs)]
+                           for e in range(min(len(runs[0]["rates"]), len(reads["shardflow"][0]["rates"])))],
                 "setup": min(run["setup"] for run in runs),
                 "ru_maxrss_kb": max(run["ru_maxrss_kb"] for run in runs),
                 "vmhwm_kb": max(run["vmhwm_kb"] for run in runs),
@@ -331,15 +350,31 @@ def _report(args: argparse.Namespace, sizes: list[int], results: dict[int, dict]
     r = results[g]["read"]
     sf = r["shardflow"]["rates"]
     print(f"\n### Throughput, {g:,} graphs (~60 nodes, 32 features, edge_dim 4), batch {BATCH}, 0 workers")
-    print(f"torch threads: {args.threads or 'default'}; best of {args.repeat} interleaved run(s); graphs/s\n")
+    print(f"torch threads: {args.threads or 'default'}; medians of {args.repeat} alternating run(s) "
+          "(A B C A B C ..., each a fresh process), [min-max]; graphs/s\n")
     print("| pipeline | set-up s | epoch 1 | epoch 2 | shardflow / this, epoch 1 | shardflow / this, epoch 2 |")
     print("|---|---:|---:|---:|---:|---:|")
     for p in PIPELINES:
-        rates = r[p]["rates"]
-        e2 = f"{rates[1]:,.0f}" if len(rates) > 1 else "-"
-        q1 = f"{sf[0] / rates[0]:.2f}x"
-        q2 = f"{sf[1] / rates[1]:.2f}x" if len(rates) > 1 and len(sf) > 1 else "-"
-        print(f"| {LABELS[p]} | {r[p]['setup']:.1f} | {rates[0]:,.0f} | {e2} | {q1} | {q2} |")
+        rates, spans, ratios = r[p]["rates"], r[p]["range"], r[p]["ratios"]
+        cells = []
+        for e in range(2):
+            cells.append(f"{rates[e]:,.0f} [{spans[e][0]:,.0f}-{spans[e][1]:,.0f}]" if len(rates) > e else "-")
+        for e in range(2):
+            if len(ratios) > e and p != "shardflow":
+                cells.append(f"{_median(ratios[e]):.2f}x [{min(ratios[e]):.2f}-{max(ratios[e]):.2f}]")
+            else:
+                cells.append("1.00x" if len(rates) > e else "-")
+        print(f"| {LABELS[p]} | {r[p]['setup']:.1f} | {' | '.join(cells)} |")
+    print("\nRatios are those of runs next to each other (run i of shardflow against run i of the peer).")
+    print("Per CPU second (all threads of the process; less sensitive to other load on the machine):\n")
+    print("| pipeline | epoch 1 | epoch 2 | shardflow / this, epoch 1 | epoch 2 |")
+    print("|---|---:|---:|---:|---:|")
+    scpu = r["shardflow"]["cpu_rates"]
+    for p in PIPELINES:
+        cpu = r[p]["cpu_rates"]
+        e2 = f"{cpu[1]:,.0f}" if len(cpu) > 1 else "-"
+        q2 = f"{scpu[1] / cpu[1]:.2f}x" if len(cpu) > 1 else "-"
+        print(f"| {LABELS[p]} | {cpu[0]:,.0f} | {e2} | {scpu[0] / cpu[0]:.2f}x | {q2} |")
     print("\n### Peak RSS of the reading process (ru_maxrss), dataset grown 4x\n")
     big = sizes[1]
     print(f"| pipeline | {g:,} graphs | {big:,} graphs | growth |")
