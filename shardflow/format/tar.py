@@ -17,6 +17,7 @@ user/group names, mode 0644.
 from __future__ import annotations
 
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from itertools import chain, islice
 from typing import Any
 from zlib import adler32 as _adler
 
@@ -312,6 +313,7 @@ def member_runs(
 
 
 _RUN = 4096  # most members parsed in one run (their headers are gathered: 2 MiB)
+_GROUPED_MIN = 8  # fewer members go one by one: numpy's fixed cost per call would outweigh grouping them
 
 
 def _plain_members(
@@ -372,7 +374,7 @@ def _bulk_run(
     comes as a :class:`.spans.SampleRun` (see :func:`.spans.checked_samples`)."""
     if not heads:
         return [], pos
-    if grouped:
+    if grouped and len(heads) >= _GROUPED_MIN:
         found = checked_samples(buf, base, heads, sizes)
         if found is not None:
             return found, found.end
@@ -487,11 +489,11 @@ def iter_samples(
             if type(run) is SampleRun:  # grouped already (the common case): whole samples at once
                 got = _grouped(run, key, fields, sample_offset, closed)
                 if got is not None:
-                    done, key, fields, sample_offset = got
-                    if limit is not None and count + len(done) >= limit:
-                        yield from done[: limit - count]
+                    n, done, key, fields, sample_offset = got
+                    if limit is not None and count + n >= limit:
+                        yield from islice(done, limit - count)
                         return
-                    count += len(done)
+                    count += n
                     yield from done
                     continue
             for name, offset, data in run:  # a run is a list: no generator step per member
@@ -558,7 +560,7 @@ def iter_samples(
 
 def _grouped(
     run: SampleRun, key: str | None, fields: Any, offset: int, closed: set[str]
-) -> tuple[list[tuple[str, int, dict[str, bytes] | SampleError]], str, Any, int] | None:
+) -> tuple[int, Iterator[tuple[str, int, Any]], str, Any, int] | None:
     """The samples that a grouped run completes, for :func:`iter_samples`.
 
     Args:
@@ -568,9 +570,10 @@ def _grouped(
             samples closed before it (updated).
 
     Returns:
-        ``(done, key, fields, offset)``: the samples to yield, in order (the open
-        one first when the run closes it), and the sample now open (the run's
-        last); or None, changing nothing, where the run must go member by
+        ``(n, done, key, fields, offset)``: how many samples to yield and an
+        iterator over them, in order (the open one first when the run closes
+        it; made as they are taken, so that no list of them is held), and the
+        sample now open (the run's last); or None, changing nothing, where the run must go member by
         member: it goes on with the open sample and repeats one of its fields, or
         a key of it was closed before.
     """
@@ -586,15 +589,15 @@ def _grouped(
         fields.update(run.fields[0])
     last = len(keys) - 1
     if last < head:
-        return [], key, fields, offset  # type: ignore[return-value]
-    done: list[tuple[str, int, Any]] = []
+        return 0, iter(()), key, fields, offset  # type: ignore[arg-type]
+    done: Iterator[tuple[str, int, Any]] = zip(keys[head:last], run.offsets[head:last], run.fields[head:last])
+    n = last - head
     if key is not None:
         if fields is not None:
-            done.append((key, offset, fields))
+            done, n = chain(((key, offset, fields),), done), n + 1
         closed.add(key)
-    done.extend(zip(keys[head:last], run.offsets[head:last], run.fields[head:last]))
     closed.update(keys[head:last])
-    return done, keys[last], run.fields[last], run.offsets[last]
+    return n, done, keys[last], run.fields[last], run.offsets[last]
 
 
 def _increasing(starts: Collection[int] | None) -> np.ndarray | None:
