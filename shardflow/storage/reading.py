@@ -16,7 +16,7 @@ from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 from .errors import ShardChangedError, ShortReadError
 from .filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
-from .readers import open_reader
+from .readers import LocalReader, open_reader
 from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay
 from .urls import is_local, local_path
 
@@ -82,7 +82,9 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             versions of the same size, so the bytes read are hashed and a
             mismatch at the end raises :class:`ShardChangedError`.
     """
-    fs, path = filesystem(url, options)
+    # a local file is read with plain reads: no fsspec filesystem to look up per open
+    local = is_local(url) and "::" not in url
+    fs, path = (None, local_path(url)) if local else filesystem(url, options)
     offset = start
     stop = end
     identity = dict(expect) if expect is not None else None
@@ -95,7 +97,7 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             began = time.monotonic()
             try:
                 if reader is None:
-                    reader = open_reader(fs, path, url, offset, stop, options, identity)
+                    reader = LocalReader(path, offset) if local else open_reader(fs, path, url, offset, stop, options, identity)
                     if identity is None:
                         identity = reader.identity
                         if check_size is not None and reader.size is not None:
