@@ -56,6 +56,7 @@ class _Pool:
         self.sent = [False] * POOL_SLOTS  # whether the main process has the slot mapped
         self.state_sent = False
         self.by_address: dict[int, int] = {}
+        self.first = True  # no batch handed out yet (see shared_out)
 
 
 _pool: _Pool | None = None
@@ -71,12 +72,16 @@ def _worker_pool() -> _Pool:
 def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor of shape ``(count, *shape)`` in shared memory, for collate to
     stack a batch into in a DataLoader worker: a free slot of the worker's pool (grown or
-    replaced to fit), or a fresh shared tensor when every slot is in flight."""
+    replaced to fit), or a fresh shared tensor when every slot is in flight, and for the
+    worker's first batch: that one the main process maps and keeps as it is, the way torch
+    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (for
+    64 photo-sized images, 27 MB read through new mappings into new pages: ~12 ms of CPU)."""
     nbytes = count * dtype.itemsize
     for n in shape:
         nbytes *= n
     pool = _worker_pool()
-    for i in range(POOL_SLOTS):
+    first, pool.first = pool.first, False
+    for i in range(0 if first else POOL_SLOTS):
         if pool.state[i].item():
             continue
         slot = pool.slots[i]

@@ -25,8 +25,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 
 @pytest.fixture(autouse=True)
 def fresh_pool(monkeypatch):
-    """Each test sends from a pool of its own (this process plays worker and main process)."""
+    """Each test sends from a pool of its own (this process plays worker and main process),
+    past its first batch (which goes the way torch sends tensors: see the test of it)."""
     monkeypatch.setattr(transfer, "_pool", None)
+    transfer._worker_pool().first = False
     yield
     transfer.forget({transfer._pool.token} if transfer._pool is not None else set())
 
@@ -46,6 +48,17 @@ def test_slots_are_reused_and_what_arrived_stays_intact():
         assert not item.data["img"].is_shared()  # copied out into the main process's memory
     # every slot was handed back, so the pool never ran dry, and each batch kept its values
     assert [int(t.min()) for t in received] == [int(t.max()) for t in received] == list(range(3 * transfer.POOL_SLOTS))
+
+
+def test_a_workers_first_batch_is_not_copied_out_of_a_slot(monkeypatch):
+    monkeypatch.setattr(transfer, "_pool", None)  # a worker that has sent nothing yet
+    out = transfer.shared_out(8, (3, 40, 40), torch.uint8)
+    out.fill_(7)
+    item = cross(WorkerItem(0, 0, {"img": out}))
+    assert not item.pools and item.data["img"].is_shared()  # mapped as torch sends it, no copy
+    assert int(item.data["img"].min()) == int(item.data["img"].max()) == 7
+    later = cross(WorkerItem(0, 1, {"img": transfer.shared_out(8, (3, 40, 40), torch.uint8)}))
+    assert later.pools and not later.data["img"].is_shared()  # then the slots, copied out
 
 
 def test_a_slot_not_handed_back_is_never_reused():
