@@ -339,9 +339,15 @@ def _dec_graph(data: bytes, options: DecodeOptions) -> Any:
 
 
 def _dec_graph_record(data: bytes, options: DecodeOptions) -> Any:
-    from ..graph.records import decode_graph_record
+    decode = _GRAPH_RECORDS.get("decode")
+    if decode is None:  # imported on first use (torch_geometric with it), once
+        from ..graph.records import decode_graph_record
 
-    return decode_graph_record(data, max_nodes=options.max_graph_nodes, max_edges=options.max_graph_edges)
+        decode = _GRAPH_RECORDS["decode"] = decode_graph_record
+    return decode(data, max_nodes=options.max_graph_nodes, max_edges=options.max_graph_edges)
+
+
+_GRAPH_RECORDS: dict[str, Any] = {}
 
 
 def _dec_pickle(data: bytes, options: DecodeOptions) -> Any:

@@ -56,11 +56,12 @@ class HeaderTemplate:
         pick: picks the holes' runs out of all runs.
         needed: picks the shapes' and offsets' runs out of the holes' runs (the
             schema's node count and increments are holes that only need to be numbers).
-        entries: per tensor entry, in header order: ``(numpy dtype, positions of
-            the shape's dims, position of the start offset, position of the end
+        entries: per tensor entry, in header order: ``(numpy dtype, shape(numbers)
+            -> the shape, position of the start offset, position of the end
             offset)``, positions into the numbers that ``needed`` picks.
         names: the graph's attribute names, in order.
-        attr_entries: per attribute, the index of its entry in ``entries``.
+        attr_entries: ``attr_entries(arrays of the entries)`` -> the arrays of the
+            attributes, in order.
     """
 
     __slots__ = ("attr_entries", "entries", "fmt", "names", "needed", "pick", "runs")
@@ -70,10 +71,10 @@ class HeaderTemplate:
         self.fmt = fmt
         self.runs = runs
         self.pick = itemgetter(*holes)
-        self.needed = itemgetter(*needed) if len(needed) != 1 else lambda picked: (picked[needed[0]],)
+        self.needed = _getter(needed)
         self.entries = entries
         self.names = names
-        self.attr_entries = attr_entries
+        self.attr_entries = _getter(attr_entries)
 
 
 def match(text: bytes) -> tuple[HeaderTemplate, list[int]] | None:
@@ -112,6 +113,16 @@ def learn(text: bytes) -> None:
             _REFUSED.add(key)
         else:
             _TEMPLATES[key] = [*known, template]
+
+
+def _getter(positions: list[int]) -> Any:
+    """``f(numbers) -> tuple of numbers[p] for p in positions`` (for one or none too)."""
+    if len(positions) >= 2:
+        return itemgetter(*positions)
+    if positions:
+        (p,) = positions
+        return lambda numbers: (numbers[p],)
+    return lambda numbers: ()
 
 
 def _ints(tree: Any) -> list[int]:
@@ -174,6 +185,6 @@ def _template(text: bytes) -> HeaderTemplate | None:
     fmt.append(text[pos:])
     wanted = sorted(needed)
     at = {run: k for k, run in enumerate(wanted)}
-    entries = [(dtype, [at[d] for d in dims], at[s], at[e]) for dtype, dims, s, e in entries]
+    entries = [(dtype, _getter([at[d] for d in dims]), at[s], at[e]) for dtype, dims, s, e in entries]
     return HeaderTemplate(b"".join(fmt), len(runs), order, [position[run] for run in wanted], entries,
                           tuple(attrs), [index[enc["tensor"]] for enc in attrs.values()])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ __all__ = ["GraphRecord", "collate_records", "decode_graph_record"]
 # Names by which PyG's NodeStorage.can_infer_num_nodes answers True (besides "*node*").
 _INFER_KEYS = frozenset({"num_nodes", "x", "pos", "batch", "adj", "adj_t", "edge_index", "face"})
 _INT64 = np.dtype("<i8")
+_PYG: list[bool] = []  # [True] once torch_geometric imported
 _UINT64 = np.dtype("<u8")
 
 
@@ -56,7 +58,7 @@ class GraphRecord:
     Attributes:
         buf: the field's bytes (the arrays are read-only views into them).
         names: the attribute names (a tuple), in the graph's order.
-        arrays: one numpy array per name, the tensor's dtype and shape.
+        arrays: one numpy array per name (a sequence), the tensor's dtype and shape.
         num_nodes: PyG's ``num_nodes`` of the graph (rows of its first node-level tensor).
         can_infer: PyG's ``can_infer_num_nodes`` (whether a batch gets ``batch`` / ``ptr``).
         max_nodes: the ``max_nodes`` limit the field was checked against.
@@ -65,7 +67,7 @@ class GraphRecord:
 
     __slots__ = ("arrays", "buf", "can_infer", "max_edges", "max_nodes", "names", "num_nodes")
 
-    def __init__(self, buf: Any, names: tuple[str, ...], arrays: list[np.ndarray], num_nodes: int, can_infer: bool,
+    def __init__(self, buf: Any, names: tuple[str, ...], arrays: Sequence[np.ndarray], num_nodes: int, can_infer: bool,
                  max_nodes: int, max_edges: int) -> None:
         self.buf = buf
         self.names = names
@@ -104,7 +106,9 @@ def decode_graph_record(
         DecodeError: as :func:`~shardflow.graph.decode_graph` (which decides every
             field that is not a record).
     """
-    import_pyg("decoding 'pyg' fields")
+    if not _PYG:
+        import_pyg("decoding 'pyg' fields")
+        _PYG.append(True)
     try:
         record = _record(buf, max_nodes, max_edges)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError):
@@ -143,11 +147,18 @@ def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
     found = match(text)
     if found is not None:  # a layout seen before: its numbers are all that is new
         template, numbers = found
-        layouts = [(dtype, [numbers[d] for d in dims], numbers[s], numbers[e]) for dtype, dims, s, e in template.entries]
-        arrays = _entry_arrays(view, 8 + header_len, layouts)
-        if arrays is None:
-            return None
-        return _finish(buf, template.names, [arrays[k] for k in template.attr_entries], max_nodes, max_edges)
+        data_start = 8 + header_len
+        arrays = []
+        spans = []
+        for np_dtype, shape, s, e in template.entries:  # (_entry_arrays, for numbers known to be >= 0)
+            start, end = numbers[s], numbers[e]
+            array = np.ndarray(shape(numbers), np_dtype, view, data_start + start)  # numpy checks it fits
+            if array.nbytes != end - start:
+                return None
+            spans.append((start, end))
+            arrays.append(array)
+        check_tiling(spans, len(view) - data_start)
+        return _finish(buf, template.names, template.attr_entries(arrays), max_nodes, max_edges)
     record = _parsed_record(buf, max_nodes, max_edges)
     if record is not None:
         learn(text)
@@ -201,7 +212,7 @@ def _parsed_record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | No
     return _finish(buf, tuple(names), chosen, max_nodes, max_edges)
 
 
-def _finish(buf: Any, names: tuple[str, ...], arrays: list[np.ndarray], max_nodes: int, max_edges: int) -> GraphRecord | None:
+def _finish(buf: Any, names: tuple[str, ...], arrays: Sequence[np.ndarray], max_nodes: int, max_edges: int) -> GraphRecord | None:
     """The record, after the bounds checks of :func:`~shardflow.graph.bounds.check_graph`;
     None where the graph might not pass them (then ``decode_graph`` decides and names the
     problem) or where PyG would infer its node count otherwise."""
