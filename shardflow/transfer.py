@@ -88,12 +88,22 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
         if slot is None or not nbytes <= slot.numel() <= 4 * nbytes:
             if slot is not None:
                 del pool.by_address[slot.data_ptr()]
-            slot = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+            slot = _new_shared((nbytes,), torch.uint8)
             pool.slots[i], pool.sent[i] = slot, False
             pool.by_address[slot.data_ptr()] = i
         pool.state[i] = 1
         return slot[:nbytes].view(dtype).view(count, *shape)
-    return torch.empty((count, *shape), dtype=dtype).share_memory_()
+    return _new_shared((count, *shape), dtype)
+
+
+def _new_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in a new shared-memory segment, allocated there directly as
+    torch's ``default_collate`` does (``share_memory_()`` would first copy it from private memory)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=dtype).set_(storage._untyped_storage, 0, shape)
 
 
 class _ByValue:
