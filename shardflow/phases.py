@@ -129,8 +129,9 @@ def _plain(plan: RankPlan, positions: np.ndarray, source: ShardSet, io: storage.
     compressed); read from its start it streams whole, decompressed, and a fresh
     start must keep it so. One 4-byte read per shard (local files only come here).
     """
-    segments = np.unique(plan.read_segment[positions])
+    # (a set, not np.unique: that imports numpy.ma on first use, 30-90 ms in a fresh worker)
+    shards = {plan.segments[s].shard for s in set(plan.read_segment[positions].tolist())}
     try:
-        return not any(storage.is_compressed(source.urls[plan.segments[int(s)].shard], io) for s in segments)
+        return not any(storage.is_compressed(source.urls[shard], io) for shard in sorted(shards))
     except (OSError, ShardflowError):  # the reading itself reports what is wrong
         return False
