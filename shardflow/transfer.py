@@ -119,17 +119,21 @@ class _ByValue:
 
 
 class _InSlot:
-    """A batch tensor in slot ``index`` of pool ``token``; ``slot`` and ``state`` ride along the
-    first time the main process needs them."""
+    """A batch tensor in slot ``index`` of pool ``token`` (at ``offset`` elements, with
+    ``stride``: a view of a slot is copied out as the view it is); ``slot`` and ``state`` ride
+    along the first time the main process needs them."""
 
-    __slots__ = ("token", "index", "dtype", "shape", "slot", "state")
+    __slots__ = ("token", "index", "dtype", "shape", "slot", "state", "offset", "stride")
 
     def __init__(self, token: int, index: int, dtype: torch.dtype, shape: tuple[int, ...],
-                 slot: torch.Tensor | None, state: torch.Tensor | None) -> None:
+                 slot: torch.Tensor | None, state: torch.Tensor | None,
+                 offset: int = 0, stride: tuple[int, ...] | None = None) -> None:
         self.token, self.index, self.dtype, self.shape, self.slot, self.state = token, index, dtype, shape, slot, state
+        self.offset, self.stride = offset, stride
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_InSlot, (self.token, self.index, self.dtype, self.shape, self.slot, self.state))
+        return (_InSlot, (self.token, self.index, self.dtype, self.shape, self.slot, self.state,
+                          self.offset, self.stride))
 
 
 def to_wire(data: Any) -> Any:
@@ -156,7 +160,7 @@ def to_wire(data: Any) -> Any:
 
 def _slot_of(data: torch.Tensor) -> Any:
     pool = _pool
-    if pool is None or pool.pid != os.getpid() or data.storage_offset() or not data.is_contiguous():
+    if pool is None or pool.pid != os.getpid():
         return data
     index = pool.by_address.get(data.untyped_storage().data_ptr())
     if index is None:
@@ -164,7 +168,11 @@ def _slot_of(data: torch.Tensor) -> Any:
     slot = None if pool.sent[index] else pool.slots[index]
     state = None if pool.state_sent else pool.state
     pool.sent[index] = pool.state_sent = True
-    return _InSlot(pool.token, index, data.dtype, tuple(data.shape), slot, state)
+    # A view of a slot (a collate_fn that adds ``batch[1:]`` or a permuted batch) is copied out
+    # as well: sent as torch sends it, it would map the slot, which is reused once handed back.
+    plain = not data.storage_offset() and data.is_contiguous()
+    offset, stride = (0, None) if plain else (data.storage_offset(), tuple(data.stride()))
+    return _InSlot(pool.token, index, data.dtype, tuple(data.shape), slot, state, offset, stride)
 
 
 _received: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
@@ -197,7 +205,10 @@ def from_wire(data: Any, freed: list[tuple[int, torch.Tensor, int]]) -> Any:
     for n in data.shape:
         nbytes *= n
     out = torch.empty(data.shape, dtype=data.dtype)
-    if nbytes:  # numpy's copy: torch's copy_ would wake (and spin) its intra-op threads here
+    if data.stride is not None:  # a view of the slot: copy the view's elements
+        view = torch.empty(0, dtype=data.dtype).set_(slot.untyped_storage(), data.offset, data.shape, data.stride)
+        out.copy_(view)
+    elif nbytes:  # numpy's copy: torch's copy_ would wake (and spin) its intra-op threads here
         np.copyto(out.view(-1).view(torch.uint8).numpy(), slot[:nbytes].numpy())
     freed.append((data.token, entry[0], data.index))
     return out

@@ -128,3 +128,43 @@ def test_loader_batches_through_the_pool_are_exact_and_unmapped_after(tmp_path: 
     if not persistent:
         assert not transfer._received  # the stopped workers' buffers are unmapped
     del loader
+
+
+def test_views_of_a_slot_are_copied_out_too():
+    """A batch holding a slot and views of it (``b[1:]``, a permute): each arrives as its own
+    copy, and none changes when the slot is reused for later batches."""
+    kept = []
+    for k in range(3 * transfer.POOL_SLOTS):
+        out = transfer.shared_out(8, (3, 40, 40), torch.uint8)
+        out.copy_(torch.arange(out.numel()).reshape(out.shape) % 251 + k)
+        ref = out.clone()
+        item = cross(WorkerItem(0, k, {"img": out, "tail": out[1:], "hwc": out.permute(0, 2, 3, 1)}))
+        assert item.pools
+        kept.append((ref, item.data))
+    for ref, data in kept:
+        assert not data["tail"].is_shared() and not data["hwc"].is_shared()
+        torch.testing.assert_close(data["img"], ref, rtol=0, atol=0)
+        torch.testing.assert_close(data["tail"], ref[1:], rtol=0, atol=0)
+        torch.testing.assert_close(data["hwc"], ref.permute(0, 2, 3, 1), rtol=0, atol=0)
+
+
+def _collate_with_views(samples):
+    batch = collate(samples)
+    batch["chw_first"] = batch["png"][1:]  # a view at an offset of the slot
+    batch["hwc"] = batch["png"].permute(0, 2, 3, 1)  # a strided view of the slot
+    return batch
+
+
+@pytest.mark.timeout(120)
+def test_a_collate_fn_returning_views_of_the_batch_keeps_every_batch_intact(tmp_path: Path):
+    rng = np.random.default_rng(1)
+    images = [encode_image(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "png") for _ in range(64)]
+    root = make_shards(tmp_path, [16] * 4, lambda i: {"png": images[i]})
+    ds = ShardDataset(str(root), decode="torch")
+    held = list(make_loader(ds, batch_size=8, num_workers=1, collate_fn=_collate_with_views, timeout=60))
+    assert len(held) == 8  # 8 x 3 x 64 x 64 bytes: each batch goes through a slot
+    for batch in held:
+        expected = torch.stack([decode_image(images[int(k)], "torch") for k in batch["__key__"]])
+        torch.testing.assert_close(batch["png"], expected, rtol=0, atol=0)
+        torch.testing.assert_close(batch["chw_first"], expected[1:], rtol=0, atol=0)
+        torch.testing.assert_close(batch["hwc"], expected.permute(0, 2, 3, 1), rtol=0, atol=0)
