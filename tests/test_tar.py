@@ -5,7 +5,7 @@ import subprocess
 import tarfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import SampleError, ShardFormatError, TruncatedShardError
@@ -335,3 +335,59 @@ def test_sample_parts_join_to_the_encoded_sample_that_tarfile_reads(key, fields)
     with tarfile.open(fileobj=io.BytesIO(encoded + END_OF_ARCHIVE)) as tf:
         got = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
     assert got == [(f"{key}.{f}", fields[f]) for f in sorted(fields)]
+
+
+def _samples(data: bytes, chunk: int, sample_errors: str) -> list:
+    """``iter_samples`` as (key, fields) or (key, reason), then ("raised", reason) if it raised."""
+    chunks = [data[j : j + chunk] for j in range(0, len(data), chunk)]
+    out = []
+    try:
+        for key, _, fields in iter_samples(iter(chunks), "s.tar", sample_errors=sample_errors):
+            out.append((key, fields.reason if isinstance(fields, SampleError) else dict(fields)))
+    except SampleError as e:
+        out.append(("raised", e.reason))
+    return out
+
+
+def test_the_open_sample_reappearing_in_the_next_grouped_run_is_non_adjacent():
+    """The first bulk run (16 members) ends with k07 open; the next run closes it and has k07
+    again: the same error as member by member, never k07 yielded twice."""
+    names = [f"k{i:02d}.{f}" for i in range(8) for f in "ab"]
+    names += ["k08.a", "k08.b", "k07.c"] + [f"k{i:02d}.{f}" for i in range(9, 30) for f in "ab"]
+    data = b"".join(encode_member(n, n.encode()) for n in names) + END_OF_ARCHIVE
+    got = _samples(data, 1 << 20, "raise")
+    assert [k for k, _ in got] == [f"k{i:02d}" for i in range(9)] + ["raised"] and got[-1][1] == "non_adjacent"
+    got = _samples(data, 1 << 20, "yield")
+    assert [k for k, _ in got].count("k07") == 2 and ("k07", "non_adjacent") in got
+    assert len(got) == 31 and got[-1] == ("k29", {"a": b"k29.a", "b": b"k29.b"})
+
+
+_grouping_names = st.sampled_from(
+    ["a.x", "a.y", "b.x", "b.y", "c.x", "c.x.y", "d/e.x", "d/e.y", "d/f.x", "A.X", "a.Y", "__m.x", "noext", "a.",
+     ".x", "d/.x", "a_b.x", "d/__e.x"]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks=st.lists(st.tuples(_grouping_names, st.integers(0, 9)), min_size=1, max_size=16),
+       chunk=st.sampled_from([700, 4096, 1 << 20]), sample_errors=st.sampled_from(["raise", "yield"]))
+@example(blocks=[("b.x", 0), ("a.x", 7), ("a.y", 1)], chunk=1 << 20, sample_errors="raise")  # a open at the run's end
+@example(blocks=[("b.x", 0), ("a.x", 7), ("a.y", 1)], chunk=1 << 20, sample_errors="yield")
+@example(blocks=[("b.x", 0), ("a.x", 7), ("a.x", 1)], chunk=1 << 20, sample_errors="yield")
+def test_grouped_runs_give_what_member_by_member_gives(blocks, chunk, sample_errors):
+    """Runs of names repeated (samples of one key split, keys reappearing across the bulk
+    runs' bounds, fields twice, names that are not samples' members): the grouped path
+    yields exactly the samples, or the errors, of the member-by-member path."""
+    names = []
+    for i, (name, count) in enumerate(blocks):  # a block: `count` numbered samples, then `name`
+        names += [f"n{i}_{j}.{f}" for j in range(count) for f in ("p", "q")]
+        names.append(name)
+    data = b"".join(encode_member(n, f"{n}#{j}".encode()) for j, n in enumerate(names)) + END_OF_ARCHIVE
+    fast = _samples(data, chunk, sample_errors)
+    mp = pytest.MonkeyPatch()
+    try:
+        _general_only(mp)
+        slow = _samples(data, chunk, sample_errors)
+    finally:
+        mp.undo()
+    assert fast == slow

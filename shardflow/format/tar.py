@@ -575,7 +575,7 @@ def _grouped(
         it; made as they are taken, so that no list of them is held), and the
         sample now open (the run's last); or None, changing nothing, where the run must go member by
         member: it goes on with the open sample and repeats one of its fields, or
-        a key of it was closed before.
+        a key of it was closed before or is the open one.
     """
     keys = run.keys
     head = 0
@@ -583,8 +583,8 @@ def _grouped(
         if type(fields) is not dict or not fields.keys().isdisjoint(run.fields[0]):
             return None
         head = 1
-    if not closed.isdisjoint(keys[head:]):
-        return None
+    if not closed.isdisjoint(keys[head:]) or (not head and key in keys):
+        return None  # a key reappears (the open one included): the member path names the error
     if head:
         fields.update(run.fields[0])
     last = len(keys) - 1
