@@ -243,3 +243,19 @@ def test_mutated_jpegs_decode_as_image_open_or_raise_decode_error(data):
         return
     mode = "RGB"
     np.testing.assert_array_equal(out, pillow_open(blob, mode))
+
+
+@pytest.mark.parametrize("subsampling", ["411", "440"])
+def test_411_and_440_subsampling_equal_image_open(photos, subsampling):
+    """Sampling factors Pillow's encoder does not write (4:1:1 is 4x1 luma blocks per chroma block)."""
+    simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg writes 4:1:1 and 4:4:0 JPEGs")
+    for crop in (photos[0][40:141, 60:187], photos[1][:64, :64]):
+        data = simplejpeg.encode_jpeg(np.ascontiguousarray(crop), quality=80, colorsubsampling=subsampling)
+        header = read_jpeg_header(data)
+        assert header is not None and header[:3] == (crop.shape[1], crop.shape[0], 3)
+        for mode in ("RGB", "L"):
+            out = decode_image(data, mode=mode)
+            np.testing.assert_array_equal(out.reshape(pillow_open(data, mode).shape), pillow_open(data, mode))
+        accurate = simplejpeg.encode_jpeg(np.ascontiguousarray(crop), quality=95, colorsubsampling=subsampling,
+                                          fastdct=False)  # another encoder setting, other quant tables
+        np.testing.assert_array_equal(decode_image(accurate), pillow_open(accurate))
