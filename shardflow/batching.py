@@ -81,6 +81,20 @@ class WorkerItem:
     """In the main process: the worker buffer pools the batch came through (see
     :mod:`shardflow.transfer`)."""
 
+    def pin_memory(self, device: Any = None) -> WorkerItem:
+        """Pin the batch (the DataLoader calls this under ``pin_memory=True``; without it,
+        torch's pinning returns an object of another type as it is, unpinned).
+
+        Returns:
+            This item, its ``data`` pinned as the DataLoader pins a batch (tensors, and the
+            values of mappings, sequences and objects with a ``pin_memory`` method).
+        """
+        from torch.utils.data._utils.pin_memory import pin_memory  # what the DataLoader itself runs
+
+        if self.data is not None:
+            self.data = pin_memory(self.data) if device is None else pin_memory(self.data, device)
+        return self
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickled by the DataLoader to cross from a worker (see shardflow.transfer).
         return (_rebuild_item, (self.worker, self.index, transfer.to_wire(self.data), self.stats, self.final))

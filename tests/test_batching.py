@@ -167,3 +167,26 @@ def test_take_and_skip_items():
     it = iter(range(5))
     assert take(it, 3) == [0, 1, 2] and take(it, 3) == [3, 4] and take(it, 1) == []
     assert list(skip_items(iter(range(5)), 2)) == [2, 3, 4]
+
+
+class _Pinnable:
+    """A batch value of a user's type with its own ``pin_memory`` (as PyG's ``Batch`` has)."""
+
+    def __init__(self, value: int, pinned: bool = False) -> None:
+        self.value, self.pinned = value, pinned
+
+    def pin_memory(self) -> "_Pinnable":
+        return _Pinnable(self.value, pinned=True)
+
+
+def test_pin_memory_reaches_the_batch_inside_a_worker_item():
+    """The DataLoader's pin thread runs torch's pin_memory on what a worker yields: a
+    WorkerItem; the batch inside it must be pinned, not passed on as it is."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    item = WorkerItem(0, 3, {"graph": _Pinnable(7), "nested": [(_Pinnable(8),)], "__key__": ["a"]}, {"samples": 1})
+    out = pin_memory(item)
+    assert isinstance(out, WorkerItem) and (out.worker, out.index, out.stats) == (0, 3, {"samples": 1})
+    assert out.data["graph"].pinned and out.data["graph"].value == 7
+    assert out.data["nested"][0][0].pinned and out.data["__key__"] == ["a"]
+    assert pin_memory(WorkerItem(1, 0, None, final=True)).data is None  # a final item carries no batch
