@@ -88,6 +88,7 @@ class ShardFile:
             raise ValueError(f"{self.url}: ShardFile written outside its with-block")
         if key in self.keys:
             raise SampleError(f"{self.url}: key {key!r} written twice to the same shard")
+        parts = sample_parts(key, fields)  # first: a sample that cannot be encoded changes nothing
         if sizes is not None:
             row = tuple(int(v) for v in sizes)
             if self.sizes and len(row) != len(self.sizes[0]):
@@ -100,7 +101,7 @@ class ShardFile:
         self.keys.add(key)
         buf = self._buf
         start = self.size
-        for part in sample_parts(key, fields):
+        for part in parts:
             if len(part) < WRITE_CHUNK:
                 buf += part
             else:  # a large payload goes to the file as it is, not through the buffer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tarfile
 
 import numpy as np
 import pytest
@@ -91,3 +92,18 @@ def test_writeback_hint_on_a_real_file_is_harmless(tmp_path):
         storage.start_writeback(f, 10000, 0)
         f.write(b"b")
     assert path.read_bytes() == b"a" * 10000 + b"b"
+
+
+def test_a_sample_that_cannot_be_encoded_changes_nothing(tmp_path):
+    """A failed write leaves the shard, its offset and sizes indexes and its keys as they were:
+    the key can be written again and every index row belongs to a sample of the shard."""
+    url = str(tmp_path / "s.tar")
+    with ShardFile(url, url + ".idx.npy") as f:
+        f.write("a", {"x": b"1"}, sizes=(1, 2))
+        with pytest.raises(TypeError):
+            f.write("b", {"x": 123}, sizes=(3, 4))  # not bytes
+        f.write("b", {"x": b"2"}, sizes=(5, 6))
+    assert f.info.samples == 2
+    assert np.load(url + ".sizes.npy").tolist() == [[1, 2], [5, 6]]
+    with tarfile.open(url) as tar:
+        assert [(m.name, tar.extractfile(m).read()) for m in tar] == [("a.x", b"1"), ("b.x", b"2")]
