@@ -26,6 +26,8 @@ __all__ = ["Entry", "Tree", "LocalTree", "RemoteTree", "open_tree", "extension"]
 
 log = logging.getLogger(__name__)
 
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
 
 def extension(name: str) -> str:
     """Lower-cased extension after the last dot ('' when none)."""
@@ -109,7 +111,7 @@ class LocalTree(Tree):
     def read(self, rel: str, size: int = -1) -> bytes:
         # os-level calls: one open, one read and one close per file of the listed size (the
         # builtin open adds an fstat, an ioctl and a read at the end of the file)
-        fd = os.open(self._prefix + rel, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(self._prefix + rel, _READ_FLAGS)
         try:
             data = os.read(fd, size + 1) if size >= 0 else b""
             if len(data) == size:
