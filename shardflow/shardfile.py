@@ -7,6 +7,7 @@ durable (see :func:`shardflow.storage.open_output`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -44,10 +45,15 @@ class ShardFile:
             three are durable at their names when the block exits; False leaves
             that to the caller (a conversion fsyncs the folder before each record
             that lists new shards, once for many).
+        staged: (local shards) leave the three files at temporary names, written
+            but not fsynced nor renamed, listed in :attr:`staged` as ``(temporary,
+            final path)`` for the caller to pass to
+            :func:`~shardflow.storage.commit_staged` (a conversion's worker writes
+            the next shard meanwhile; its parent commits them).
     """
 
     def __init__(self, url: str, index_url: str | None = None, io: storage.IOOptions | None = None,
-                 *, sync_dir: bool = True) -> None:  # fmt: skip
+                 *, sync_dir: bool = True, staged: bool = False) -> None:  # fmt: skip
         self.url = url
         self.index_url = index_url
         self.io = io or storage.IOOptions()
@@ -62,12 +68,31 @@ class ShardFile:
         self._out: BinaryIO | None = None
         self._local = storage.is_local(url)
         self._sync_dir = sync_dir and self._local
-        self._buf = bytearray()
+        self._staging = staged and self._local
+        self.staged: list[tuple[str, str]] = []
+        # the pieces written since the last chunk (joined once per chunk: a growing bytearray
+        # was reallocated ~100 times per shard) and their size
+        self._parts: list[bytes] = []
+        self._buffered = 0
         self._written = 0  # bytes handed to the file (the rest of ``size`` is in the buffer)
 
     def __enter__(self) -> ShardFile:
-        self._out = self._stack.enter_context(storage.open_output(self.url, self.io, sync_dir=False))
+        if self._staging:
+            self._out, tmp = self._stack.enter_context(storage.open_staged(local_path(self.url)))
+            self.staged.append((tmp, local_path(self.url)))
+        else:
+            self._out = self._stack.enter_context(storage.open_output(self.url, self.io, sync_dir=False))
         return self
+
+    def _write_file(self, url: str, data: bytes) -> None:
+        """A small file beside the shard (an index), written as the shard is."""
+        if self._staging:
+            with storage.open_staged(local_path(url)) as (f, tmp):
+                f.write(data)
+            self.staged.append((tmp, local_path(url)))
+        else:
+            with storage.open_output(url, self.io, sync_dir=False) as f:
+                f.write(data)
 
     def write(self, key: str, fields: Mapping[str, bytes], sizes: Sequence[int] | None = None) -> int:
         """Append one encoded sample; returns its size in bytes.
@@ -99,20 +124,21 @@ class ShardFile:
         elif self.sizes:
             self.sizes.append((0,) * len(self.sizes[0]))
         self.keys.add(key)
-        buf = self._buf
         start = self.size
         if max(map(len, fields.values()), default=0) < WRITE_CHUNK:
-            buf += b"".join(parts)  # one copy more of a small sample, fewer steps per member
+            self._parts += parts
+            self._buffered += sum(map(len, parts))
         else:
             for part in parts:
                 if len(part) < WRITE_CHUNK:
-                    buf += part
+                    self._parts.append(part)
+                    self._buffered += len(part)
                 else:  # a large payload goes to the file as it is, not through the buffer
                     self._flush()
                     self._emit(part)
         self.offsets.append(start)
-        self.size = self._written + len(buf)
-        if len(buf) >= WRITE_CHUNK:
+        self.size = self._written + self._buffered
+        if self._buffered >= WRITE_CHUNK:
             self._flush()
         self.fields.update(fields)
         return self.size - start
@@ -122,13 +148,16 @@ class ShardFile:
             self._stack.__exit__(exc_type, exc, tb)
         finally:
             self._out = None
+            self._parts = []
 
     def _flush(self) -> None:
-        if self._buf:
-            self._emit(self._buf)
-            self._buf.clear()  # in place: write() holds it
+        if self._parts:
+            data = b"".join(self._parts)
+            self._parts.clear()
+            self._buffered = 0
+            self._emit(data)
 
-    def _emit(self, data: bytes | bytearray) -> None:
+    def _emit(self, data: bytes) -> None:
         self._out.write(data)  # type: ignore[union-attr]
         self._sha.update(data)
         if self._local:
@@ -139,26 +168,32 @@ class ShardFile:
         if exc_type is None:
             end = self.size
             try:
-                self._buf += END_OF_ARCHIVE
+                self._parts.append(END_OF_ARCHIVE)
                 self._flush()
             except BaseException as e:
                 self._close(type(e), e, e.__traceback__)  # nothing appears at the shard's name
+                self.staged.clear()
                 raise
             self.size = self._written
         self._close(exc_type, exc, tb)
         if exc_type is not None:
+            self.staged.clear()  # the temporary was removed with the block's failure
             return
-        index_rel = None
-        if self.index_url is not None:
-            with storage.open_output(self.index_url, self.io, sync_dir=False) as f:
-                f.write(encode_offsets([*self.offsets, end]))
-            index_rel = posixpath.basename(self.index_url)
-        sizes_rel = None
-        if self.sizes:
-            with storage.open_output(self.url + ".sizes.npy", self.io, sync_dir=False) as f:
-                f.write(encode_offsets(self.sizes))
-            sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
-        if self._sync_dir:  # one fsync of the folder makes the renames of all three durable
+        index_rel = sizes_rel = None
+        try:
+            if self.index_url is not None:
+                self._write_file(self.index_url, encode_offsets([*self.offsets, end]))
+                index_rel = posixpath.basename(self.index_url)
+            if self.sizes:
+                self._write_file(self.url + ".sizes.npy", encode_offsets(self.sizes))
+                sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
+        except BaseException:
+            for tmp, _ in self.staged:  # no half-staged shard left behind
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            self.staged.clear()
+            raise
+        if self._sync_dir and not self._staging:  # one fsync of the folder: the renames of all three durable
             storage.sync_directory(os.path.dirname(os.path.abspath(local_path(self.url))))
         self.info = ShardInfo(
             url=posixpath.basename(self.url),

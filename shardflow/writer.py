@@ -241,15 +241,16 @@ class ShardWriter:
         """Before the first shard: drop a manifest of an earlier run (its shards are about to be
         replaced) and, at a local destination, start the journal."""
         self._started = True
+        if self.manifest_url and storage.is_local(self.manifest_url):
+            # one writer of a folder's manifest at a time; a crashed one holds nothing (taken
+            # before the sweep below: a live conversion's staged shards are unlocked files)
+            self._lock = DestinationLock(os.path.dirname(os.path.abspath(local_path(self.manifest_url)))).acquire()
         folder = parent_url(self.pattern)
         if storage.is_local(folder):
             # the temporaries of a writer that crashed here are nobody's (storage.locks)
             remove_stale_temporaries(local_path(folder) or ".")
         if not self.manifest_url:
             return
-        if storage.is_local(self.manifest_url):
-            # one writer of a folder's manifest at a time; a crashed one holds nothing
-            self._lock = DestinationLock(os.path.dirname(os.path.abspath(local_path(self.manifest_url)))).acquire()
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)

@@ -107,3 +107,36 @@ def test_a_sample_that_cannot_be_encoded_changes_nothing(tmp_path):
     assert np.load(url + ".sizes.npy").tolist() == [[1, 2], [5, 6]]
     with tarfile.open(url) as tar:
         assert [(m.name, tar.extractfile(m).read()) for m in tar] == [("a.x", b"1"), ("b.x", b"2")]
+
+
+def test_a_staged_shard_appears_only_when_committed_each_file_fsynced_first(tmp_path, monkeypatch):
+    url = str(tmp_path / "train-000000.tar")
+    with ShardFile(url, url + ".idx.npy", staged=True) as shard:
+        shard.write(*SAMPLES[0])
+        shard.write("g", {"pyg": b"graph"}, sizes=(3, 4))
+    finals = [final for _, final in shard.staged]
+    assert finals == [url, url + ".idx.npy", url + ".sizes.npy"]
+    assert not any(os.path.exists(f) for f in finals) and all(os.path.exists(t) for t, _ in shard.staged)
+    synced: list[int] = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (assert_synced(a), replace(a, b)))
+
+    def assert_synced(path):
+        assert os.stat(path).st_ino in synced  # durable before it has its name
+
+    for tmp, final in shard.staged:
+        storage.commit_staged(tmp, final)
+    data = open(url, "rb").read()
+    assert data == encode_sample(*SAMPLES[0]) + encode_sample("g", {"pyg": b"graph"}) + END_OF_ARCHIVE
+    assert shard.info.sha256 == hashlib.sha256(data).hexdigest()
+    assert sorted(os.listdir(tmp_path)) == ["train-000000.tar", "train-000000.tar.idx.npy", "train-000000.tar.sizes.npy"]
+
+
+def test_a_failed_staged_shard_leaves_nothing(tmp_path):
+    url = str(tmp_path / "train-000000.tar")
+    with pytest.raises(SampleError):
+        with ShardFile(url, url + ".idx.npy", staged=True) as shard:
+            shard.write(*SAMPLES[0])
+            shard.write(*SAMPLES[0])
+    assert os.listdir(tmp_path) == [] and shard.staged == []

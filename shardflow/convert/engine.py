@@ -29,6 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -39,7 +40,7 @@ from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ..storage.locks import DestinationLock
 from ..storage.urls import join_url, local_path, protocol_of
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
-from .executors import make_executor
+from .executors import Executor, make_executor
 from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
 
 __all__ = ["ConvertOptions", "run_conversion", "Build"]
@@ -142,6 +143,88 @@ class _Run:
         write_state(self.dest, self.identity, groups, manifest, self.io)
 
 
+COMMIT_THREADS = 4
+"""Threads of a local conversion that make finished shards durable and name them."""
+
+
+def _commit(staged: Iterable[tuple[str, str]]) -> None:
+    for tmp, path in staged:
+        storage.commit_staged(tmp, path)
+
+
+class _Tasks:
+    """The groups in flight: being written by the executor, then (local destinations)
+    committed by this process's threads (each file fsynced, then renamed) while the
+    workers write the next ones. A group is finished when its shards are at their names;
+    the record (and its fsync of the folder) lists only finished groups."""
+
+    def __init__(self, executor: Executor, run: _Run, staged: bool) -> None:
+        self.executor = executor
+        self.run = run
+        self.writing: dict[Any, tuple[int, str]] = {}
+        self.committing: dict[Future, tuple[int, str, GroupResult]] = {}
+        self.committer = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="shardflow-commit") if staged else None
+
+    def submit(self, number: int, digest: str, *args: Any) -> None:
+        self.writing[self.executor.submit(write_group, number, *args)] = (number, digest)
+        while len(self.writing) >= self.executor.slots:
+            self.collect()
+
+    def drain(self) -> None:
+        while self.writing or self.committing:
+            self.collect()
+
+    def collect(self) -> None:
+        """Wait for a write or a commit to end; take every one that has."""
+        if self.committing:  # local executors only: their futures and the commits' are alike
+            done = list(wait([*self.writing, *self.committing], return_when=FIRST_COMPLETED)[0])
+        else:
+            done = self.executor.wait_any(list(self.writing))
+        finished = len(self.run.done)
+        for fut in done:
+            if fut in self.committing:
+                group, digest, result = self.committing.pop(fut)
+                try:
+                    fut.result()
+                except OSError as e:
+                    raise ConversionError(f"making the shards of group {group} of {self.run.dest} durable failed: "
+                                          f"{type(e).__name__}: {e}") from e  # fmt: skip
+                self.run.finish(group, digest, list(result.shards), list(result.fields))
+                continue
+            group, digest = self.writing.pop(fut)
+            try:
+                result: GroupResult = fut.result()
+            except ShardflowError:
+                raise  # names the shard and the input already
+            except Exception as e:  # the task itself was lost (a worker died too often, ...)
+                raise ConversionError(f"group {group} of {self.run.dest} failed: {type(e).__name__}: {e}") from e
+            if result.staged and self.committer is not None:
+                self.committing[self.committer.submit(_commit, result.staged)] = (group, digest, result)
+            else:
+                self.run.finish(group, digest, list(result.shards), list(result.fields))
+        if len(self.run.done) > finished:
+            self.run.record()
+
+    def settle(self) -> None:
+        """After a failure: let the commits in flight end and finish their groups (complete
+        shards stay recorded for the re-run; a failed commit's files stay temporaries)."""
+        for fut, (group, digest, result) in list(self.committing.items()):
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the failure being raised says what went wrong
+                continue
+            self.run.finish(group, digest, list(result.shards), list(result.fields))
+        self.committing.clear()
+
+    def close(self) -> None:
+        """Cancel the writes not started; let the commits running end."""
+        try:
+            self.executor.close()
+        finally:
+            if self.committer is not None:
+                self.committer.shutdown(wait=True, cancel_futures=True)
+
+
 def _groups(inputs: Iterable[Any], size: int) -> Iterable[tuple[int, list[Any]]]:
     it = iter(inputs)
     number = 0
@@ -231,24 +314,14 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         if client is not None:
             raise ValueError(f"{dest}: a memory:// destination lives in this process; Dask workers cannot write it")
         workers = 1  # shards written by worker processes would be lost
-    # local tasks leave the folder's fsync to the records (_Run.write); a Dask task does its own
-    plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io, client is not None)
+    # local tasks stage their shards for this process to commit, and leave the folder's fsync
+    # to the records (_Run.write); a Dask task makes its shards durable and named itself
+    staged = local and client is None
+    plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io,
+                     sync_dir=client is not None, staged=staged)  # fmt: skip
     run = _Run(dest, identity, meta, io, progress)
-    executor = make_executor(workers, client)
-    pending: dict[Any, tuple[int, str]] = {}
-
-    def collect(futures: Iterable[Any]) -> None:
-        for fut in futures:
-            group, digest = pending.pop(fut)
-            try:
-                result: GroupResult = fut.result()
-            except ShardflowError:
-                raise  # names the shard and the input already
-            except Exception as e:  # the task itself was lost (a worker died too often, ...)
-                raise ConversionError(f"group {group} of {dest} failed: {type(e).__name__}: {e}") from e
-            run.finish(group, digest, list(result.shards), list(result.fields))
-        run.record()
-
+    tasks = _Tasks(make_executor(workers, client), run, staged)
+    failed = True
     try:
         for number, group in _groups(inputs, options.group_size or options.max_count):
             digest = group_digest(group, plan)
@@ -257,17 +330,18 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
                 run.kept += len(old[1])
                 run.finish(number, digest, old[1], previous.fields)
                 continue
-            pending[executor.submit(write_group, number, group, build, context, plan)] = (number, digest)
-            while len(pending) >= executor.slots:
-                collect(executor.wait_any(list(pending)))
-        while pending:
-            collect(executor.wait_any(list(pending)))
+            tasks.submit(number, digest, group, build, context, plan)
+        tasks.drain()
+        failed = False
     except BaseException:
+        tasks.settle()
         if run.done:
             run.record(force=True)  # keep every finished group recorded for the re-run
         raise
     finally:
-        executor.close()
+        tasks.close()
+        if failed and staged:
+            remove_temporaries(dest, options.prefix, io)  # shards staged by groups that did not finish
     if run.kept:
         log.info("%s: kept %d finished shard(s) of an earlier run", dest, run.kept)
         kept = getattr(progress, "kept", None)

@@ -64,6 +64,9 @@ class GroupPlan:
         sync_dir: a task fsyncs the destination folder after its last shard
             (the folder's renames durable when it returns); False where the
             engine does it before each record that lists new shards.
+        staged: (local destinations) a task leaves its shards written at
+            temporary names (:attr:`GroupResult.staged`) for the engine to make
+            durable and name while the worker writes the next group.
     """
 
     dest: str
@@ -73,15 +76,18 @@ class GroupPlan:
     index: bool
     io: storage.IOOptions
     sync_dir: bool = True
+    staged: bool = False
 
 
 @dataclass(frozen=True)
 class GroupResult:
-    """What one task wrote: its shards in order, with the field names each holds."""
+    """What one task wrote: its shards in order, with the field names each holds, and
+    (``GroupPlan.staged``) the ``(temporary, final path)`` of each file still to commit."""
 
     group: int
     shards: tuple[ShardInfo, ...]
     fields: tuple[str, ...]
+    staged: tuple[tuple[str, str], ...] = ()
 
 
 def group_digest(inputs: Sequence[Any], plan: GroupPlan) -> str:
@@ -105,6 +111,7 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     """
     infos: list[ShardInfo] = []
     fields: set[str] = set()
+    staged: list[tuple[str, str]] = []
     shard: ShardFile | None = None
     part = 0
     url = join_url(plan.dest, shard_name(plan.prefix, group, 0))
@@ -119,16 +126,19 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
                 shard.__exit__(None, None, None)
                 infos.append(shard.info)  # type: ignore[arg-type]
                 fields.update(shard.fields)
+                staged += shard.staged
                 shard = None
                 part += 1
             if shard is None:
                 url = join_url(plan.dest, shard_name(plan.prefix, group, part))
-                shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io, sync_dir=False).__enter__()
+                shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io, sync_dir=False,
+                                  staged=plan.staged).__enter__()
             shard.write(key, data, sizes)
         if shard is not None:
             shard.__exit__(None, None, None)
             infos.append(shard.info)  # type: ignore[arg-type]
             fields.update(shard.fields)
+            staged += shard.staged
             shard = None
         if infos and plan.sync_dir and storage.is_local(plan.dest):
             storage.sync_directory(local_path(plan.dest))
@@ -139,7 +149,7 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     finally:
         if shard is not None:  # an error mid-shard: drop it (nothing appears at its name)
             shard.__exit__(ConversionError, ConversionError("aborted"), None)
-    return GroupResult(group, tuple(infos), tuple(sorted(fields)))
+    return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged))
 
 
 def exit_with_parent(parent: int) -> None:

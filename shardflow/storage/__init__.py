@@ -11,6 +11,7 @@ Everything that touches bytes on disk or on a remote store goes through here:
   is the entry point of the tar reader;
 - :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
 - :func:`open_output` writes an object atomically (it appears only when complete);
+  :func:`open_staged` / :func:`commit_staged` split that in two steps (written, then durable and named);
   :func:`start_writeback` and :func:`sync_directory` make the fsyncs of many files cheaper;
 - :func:`join_url`, :func:`is_local`, :func:`exists`, :func:`is_dir`, :func:`list_glob`, :func:`object_size`;
 - :func:`filesystem` gives the fsspec filesystem of a URL (listing and removing objects).
@@ -43,7 +44,7 @@ from .filesystems import filesystem
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
-from .output import open_output, start_writeback, sync_directory
+from .output import commit_staged, open_output, open_staged, start_writeback, sync_directory
 from .read_ahead import readahead
 from .reading import is_compressed, iter_chunks, read_range
 from .streams import open_chunks
@@ -76,4 +77,6 @@ __all__ = [
     "readahead",
     "start_writeback",
     "sync_directory",
+    "open_staged",
+    "commit_staged",
 ]

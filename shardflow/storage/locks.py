@@ -6,8 +6,10 @@ lock when the process dies, however it dies, so a crashed run never leaves the
 folder held; the file is removed when the writer finishes. Temporaries written
 by :func:`~shardflow.storage.output.open_output` are ``flock``-ed while being
 written, so one whose lock can be taken belongs to no live writer and is
-removed by :func:`remove_stale_temporaries`. POSIX only; ``flock`` is not
-reliable on NFS.
+removed by :func:`remove_stale_temporaries`. (A conversion's staged shards,
+:func:`~shardflow.storage.output.open_staged`, are unlocked between their writing
+and their commit; the conversion holds the folder's lock meanwhile, and writers
+take that lock before they sweep.) POSIX only; ``flock`` is not reliable on NFS.
 """
 
 from __future__ import annotations

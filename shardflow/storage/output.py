@@ -19,7 +19,7 @@ from .filesystems import filesystem
 from .options import DEFAULT_OPTIONS, IOOptions
 from .urls import is_local, local_path, protocol
 
-__all__ = ["open_output", "start_writeback", "sync_directory"]
+__all__ = ["open_output", "open_staged", "commit_staged", "start_writeback", "sync_directory"]
 
 # Stores where one PUT makes the whole object appear at once (never a partial one).
 _ATOMIC_PUT_PROTOCOLS = frozenset(
@@ -85,8 +85,8 @@ def open_output(url: str, options: IOOptions = DEFAULT_OPTIONS, *, sync_dir: boo
             os.unlink(tmp)
 
 
-@contextlib.contextmanager
-def _local_output(path: str, sync_dir: bool) -> Iterator[BinaryIO]:
+def _temporary(path: str) -> tuple[str, str, int]:
+    """``(folder, temporary path, locked descriptor)`` of a new temporary beside ``path``."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
@@ -94,6 +94,46 @@ def _local_output(path: str, sync_dir: bool) -> Iterator[BinaryIO]:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     # held while the file is written: a temporary nobody holds is a crashed writer's (storage.locks)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    return parent, tmp, fd
+
+
+@contextlib.contextmanager
+def open_staged(path: str) -> Iterator[tuple[BinaryIO, str]]:
+    """Write a local file under a temporary name beside ``path`` and leave it there.
+
+    Yields ``(file, temporary path)``. When the block succeeds the file is closed at
+    its temporary name, not yet fsynced; :func:`commit_staged` (later, in any thread
+    or process) makes it durable and gives it its name. When the block fails the
+    temporary is removed. The temporary is locked only while it is written: whoever
+    stages files keeps other writers out of the folder until they are committed (a
+    conversion holds its destination's lock, :class:`~shardflow.storage.locks.DestinationLock`).
+    """
+    _, tmp, fd = _temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def commit_staged(tmp: str, path: str) -> None:
+    """fsync a file :func:`open_staged` left at ``tmp``, then rename it to ``path``.
+
+    Its folder is not fsynced (see :func:`sync_directory`).
+    """
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _local_output(path: str, sync_dir: bool) -> Iterator[BinaryIO]:
+    parent, tmp, fd = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
