@@ -205,7 +205,9 @@ def _open_segment(
     The shard's bytes start streaming at once (see :func:`storage.open_chunks`);
     its size is checked against the manifest as it opens. ``walk``: without
     ``offsets``, the offset index all the same, to walk the tar headers faster
-    (:func:`iter_samples`' ``walk_starts``; never trusted).
+    (:func:`iter_samples`' ``walk_starts``) and to tell where samples start (its
+    ``starts``), as a read that seeks with it does: one sample per indexed
+    position, whichever way the shard is read.
     """
     url = source.urls[shard]
     io = source.options_for(shard, io)  # a source's own storage options
@@ -223,7 +225,7 @@ def _open_segment(
     raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha)
     chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
     samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield",
-                           limits=io.limits, walk_starts=walk)
+                           limits=io.limits, starts=walk, walk_starts=walk)
     if sha:
         samples = _drained(samples, raw)
     return _Opened(raw, _from(samples, start) if start else samples)

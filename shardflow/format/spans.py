@@ -148,16 +148,18 @@ class SampleRun:
         offsets: the absolute offset of each sample's first header.
         fields: each sample's ``{field: bytes}``, in member order.
         end: the position in the buffer after the run's last member.
+        stop: the absolute offset after the run's last member.
 
     Iterating it gives its members, ``(name, header offset, data)``, as
     :func:`checked_members` does (for a reader that needs them one by one).
     """
 
-    __slots__ = ("keys", "offsets", "fields", "end", "_args")
+    __slots__ = ("keys", "offsets", "fields", "end", "stop", "_args")
 
     def __init__(self, keys: list[str], offsets: list[int], fields: list[dict[str, bytes]], end: int,
                  args: tuple[bytes, int, list[int], list[int]]) -> None:
         self.keys, self.offsets, self.fields, self.end, self._args = keys, offsets, fields, end, args
+        self.stop = args[1] + end
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
         return iter(checked_members(*self._args))

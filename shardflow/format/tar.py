@@ -452,7 +452,11 @@ def iter_samples(
         limits: the largest member and extended header read (see :class:`Limits`).
         starts: the offsets where samples start (the offset index's entries
             for this range), or None. They tell a damaged header that starts a
-            sample from one inside a sample (see below).
+            sample from one inside a sample (see below), and they are where
+            samples begin: a member at one starts a sample even if it has the
+            key before it, a key that changes between them is an error, so one
+            item is yielded per sample the index lists (a reader that seeks
+            with the index counts on it: a damaged shard never shifts samples).
         walk_starts: offsets where samples are said to start (an offset index,
             its end included), or None: used only to walk plain headers for
             many samples at once (see :func:`member_runs`). Never trusted: a
@@ -471,7 +475,9 @@ def iter_samples(
 
     Raises:
         SampleError: a key reappears after its sample was closed (members of a
-            sample are not adjacent), a field repeats within a sample, or a
+            sample are not adjacent; with ``starts``, also a member at a sample
+            start with the key before it, or a key change between two starts,
+            both ``reason`` ``non_adjacent``), a field repeats within a sample, or a
             member cannot be read (``reason`` ``unsupported_member`` for sparse
             files and types not understood, ``member_too_large`` over
             ``limits.max_member_bytes``).
@@ -480,13 +486,15 @@ def iter_samples(
     if limit is not None and limit <= 0:
         return
     closed: set[str] = set()
+    bounds, at_start = _bounds(starts)
     key: str | None = None
     fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
     sample_offset = start
     count = 0
     try:
         for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=True):
-            if type(run) is SampleRun:  # grouped already (the common case): whole samples at once
+            if type(run) is SampleRun and (bounds is None or _fits(run, key, bounds)):
+                # grouped already (the common case): whole samples at once
                 got = _grouped(run, key, fields, sample_offset, closed)
                 if got is not None:
                     n, done, key, fields, sample_offset = got
@@ -508,7 +516,14 @@ def iter_samples(
                 field = name[dot + 1 :]
                 if not field.islower() and field != field.lower():
                     field = field.lower()
-                if k != key:
+                opens = at_start is not None and offset in at_start
+                if k != key and at_start is not None and not opens and key is not None:
+                    if type(fields) is dict:  # the index says the sample goes on to the next start
+                        fields = _key_error(url, k, offset, (name, key))
+                        if sample_errors == "raise":
+                            raise fields
+                    continue
+                if k != key or opens:
                     if key is not None:
                         if fields is not None:
                             yield key, sample_offset, fields
@@ -518,15 +533,9 @@ def iter_samples(
                         closed.add(key)
                     key, fields, sample_offset = k, {}, offset
                     if k in closed:
-                        bad = SampleError(
-                            f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members "
-                            "of a sample must be adjacent in the tar (re-create the shard with `shardflow` or "
-                            "`tar --sort=name`)",
-                            reason="non_adjacent",
-                        )
+                        fields = _key_error(url, k, offset)
                         if sample_errors == "raise":
-                            raise bad
-                        fields = bad
+                            raise fields
                 if type(fields) is not dict:  # None or a SampleError: the sample is dropped
                     continue
                 if type(data) is not bytes and isinstance(data, SampleError):
@@ -541,10 +550,8 @@ def iter_samples(
                     fields = None
                     continue
                 if field in fields:
-                    bad = SampleError(
-                        f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte {offset})",
-                        reason="duplicate_field",
-                    )
+                    bad = SampleError(f"{url}: sample {k!r} has the field {field!r} twice (second copy at byte "
+                                      f"{offset})", reason="duplicate_field")
                     if sample_errors == "raise":
                         raise bad
                     fields = bad
@@ -598,6 +605,40 @@ def _grouped(
         closed.add(key)
     closed.update(keys[head:last])
     return n, done, keys[last], run.fields[last], run.offsets[last]
+
+
+def _key_error(url: str, k: str, offset: int, inside: tuple[str, str] | None = None) -> SampleError:
+    """The error for a sample whose key ``k`` (its member at byte ``offset``) breaks adjacency:
+    it reappears after its sample was closed, or, ``inside`` ``(member name, open key)``,
+    it changes where the offset index says the open sample goes on."""
+    if inside is not None:
+        return SampleError(
+            f"{url}: member {inside[0]!r} at byte {offset} has the key {k!r} inside sample {inside[1]!r}, which "
+            "the offset index says goes on to the next sample start: the shard is damaged (or the index "
+            "stale: re-run `shardflow index`)",
+            reason="non_adjacent",
+        )
+    return SampleError(
+        f"{url}: key {k!r} reappears at byte {offset} after its sample was closed: the members of a sample "
+        "must be adjacent in the tar (re-create the shard with `shardflow` or `tar --sort=name`)",
+        reason="non_adjacent",
+    )
+
+
+def _bounds(starts: Collection[int] | None) -> tuple[np.ndarray | None, frozenset[int] | None]:
+    """``starts`` as int64 offsets (sorted, as an index's are) and as a set, or ``(None, None)``."""
+    if starts is None:
+        return None, None
+    bounds = np.asarray(starts, dtype=np.int64)
+    return bounds, frozenset(bounds.tolist())
+
+
+def _fits(run: SampleRun, key: str | None, bounds: np.ndarray) -> bool:
+    """Whether the samples of ``run`` begin exactly at the sample starts ``bounds`` in its
+    range (the first one going on with the open sample ``key`` when it has that key)."""
+    begun = run.offsets[1:] if run.keys[0] == key else run.offsets
+    lo, hi = np.searchsorted(bounds, (run.offsets[0], run.stop)).tolist()
+    return hi - lo == len(begun) and bool((bounds[lo:hi] == begun).all())
 
 
 def _increasing(starts: Collection[int] | None) -> np.ndarray | None:
