@@ -54,6 +54,7 @@ class _Pool:
         self.state = torch.zeros(POOL_SLOTS, dtype=torch.int64).share_memory_()
         self.slots: list[torch.Tensor | None] = [None] * POOL_SLOTS
         self.sent = [False] * POOL_SLOTS  # whether the main process has the slot mapped
+        self.fresh = [False] * POOL_SLOTS  # filled by collate since it was last sent
         self.state_sent = False
         self.by_address: dict[int, int] = {}
         self.first = True  # no batch handed out yet (see shared_out)
@@ -85,15 +86,41 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
         if pool.state[i].item():
             continue
         slot = pool.slots[i]
-        if slot is None or not nbytes <= slot.numel() <= 4 * nbytes:
+        fits = slot is not None and nbytes <= slot.numel() <= 4 * nbytes
+        if fits and _held_elsewhere(pool, i):
+            continue  # a batch kept in this worker (a collate_fn holding the last one) still reads it
+        if not fits:
             if slot is not None:
                 del pool.by_address[slot.data_ptr()]
             slot = _new_shared((nbytes,), torch.uint8)
             pool.slots[i], pool.sent[i] = slot, False
             pool.by_address[slot.data_ptr()] = i
         pool.state[i] = 1
+        pool.fresh[i] = True
         return slot[:nbytes].view(dtype).view(count, *shape)
     return _new_shared((count, *shape), dtype)
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)  # tensors (and the storage object) using a storage
+
+
+def _uses(tensor: torch.Tensor) -> int:
+    """How many tensors (and storage objects) use ``tensor``'s memory (``tensor`` alive throughout)."""
+    storage = tensor.untyped_storage()
+    return _use_count(storage._cdata)  # type: ignore[misc]
+
+
+_SOLE_USE = _uses(torch.empty(1)) if _use_count is not None else 0  # one tensor alone
+
+
+def _held_elsewhere(pool: _Pool, i: int) -> bool:
+    """Whether a tensor other than the pool's own uses slot ``i``'s memory in this process (a
+    batch, or a view of one, that a collate_fn or the pipeline still holds): writing the slot
+    would change it. True when torch cannot tell (the slot is then not reused)."""
+    if _use_count is None:
+        return True
+    mapped = _received.get(pool.token)  # (only where one process sends and receives: tests)
+    return _uses(pool.slots[i]) > _SOLE_USE + (mapped is not None and i in mapped[1])  # type: ignore[arg-type]
 
 
 def _new_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -139,17 +166,22 @@ class _InSlot:
 def to_wire(data: Any) -> Any:
     """``data`` (dicts, lists, tuples of values) ready to pickle in a worker: small plain CPU
     tensors as :class:`_ByValue`, batches in a pool slot as :class:`_InSlot`, the rest as is."""
+    return _wire(data, set())
+
+
+def _wire(data: Any, claimed: set[int]) -> Any:
+    """:func:`to_wire` of one batch; ``claimed``: the slots this batch sends (filled here)."""
     kind = type(data)
     if kind is dict:
-        return {k: to_wire(v) for k, v in data.items()}
+        return {k: _wire(v, claimed) for k, v in data.items()}
     if kind is list or kind is tuple:
-        return kind(to_wire(v) for v in data)
+        return kind(_wire(v, claimed) for v in data)
     if kind is not torch.Tensor or data.device.type != "cpu" or data.layout != torch.strided:
         return data
     if data.requires_grad or data.is_conj() or data.is_neg():
         return data
     if data.is_shared():
-        return _slot_of(data)
+        return _slot_of(data, claimed)
     if data.dtype not in _NUMPY_DTYPES or data.numel() * data.element_size() > BY_VALUE_MAX_BYTES:
         return data
     try:
@@ -158,13 +190,20 @@ def to_wire(data: Any) -> Any:
         return data
 
 
-def _slot_of(data: torch.Tensor) -> Any:
+def _slot_of(data: torch.Tensor, claimed: set[int]) -> Any:
     pool = _pool
     if pool is None or pool.pid != os.getpid():
         return data
     index = pool.by_address.get(data.untyped_storage().data_ptr())
     if index is None:
         return data
+    if index not in claimed:
+        if not pool.fresh[index]:
+            # a slot sent with an earlier batch (a collate_fn that adds the last batch to this
+            # one): the main process may have handed it back already, so it goes as a copy
+            return _wire(data.clone(), claimed)
+        pool.fresh[index] = False
+        claimed.add(index)
     slot = None if pool.sent[index] else pool.slots[index]
     state = None if pool.state_sent else pool.state
     pool.sent[index] = pool.state_sent = True

@@ -70,8 +70,27 @@ def test_a_slot_not_handed_back_is_never_reused():
     assert [float(t.mean()) for t in first] == [float(k) for k in range(transfer.POOL_SLOTS)]
     for t in first:  # hand them back as the main process would, then they serve again
         cross(WorkerItem(0, 0, {"x": t}))
-    again = transfer.shared_out(4, (1000,), torch.float32)
-    assert again.untyped_storage().data_ptr() in {t.untyped_storage().data_ptr() for t in first}
+    addresses = {t.untyped_storage().data_ptr() for t in first}
+    held = first.pop()  # ... those this process no longer holds
+    del t, first
+    again = [transfer.shared_out(4, (1000,), torch.float32) for _ in range(transfer.POOL_SLOTS - 1)]
+    assert {a.untyped_storage().data_ptr() for a in again} == addresses - {held.untyped_storage().data_ptr()}
+    assert float(held.mean()) == transfer.POOL_SLOTS - 1  # the one still held is never written
+
+
+def test_a_batch_the_worker_still_holds_is_never_written():
+    """A collate_fn that keeps the last batch (to mix it into the next one): its slot is not
+    reused while held, and a batch carrying it again sends a copy (the main process handed the
+    slot back when the first batch arrived)."""
+    kept = transfer.shared_out(4, (1000,), torch.float32).fill_(1.0)
+    assert cross(WorkerItem(0, 0, {"x": kept})).pools  # arrived; the slot is handed back
+    for k in range(2 * transfer.POOL_SLOTS):
+        out = transfer.shared_out(4, (1000,), torch.float32).fill_(float(k + 2))
+        assert out.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+        got = cross(WorkerItem(0, k + 1, {"x": out, "previous": kept})).data
+        assert float(got["x"].mean()) == k + 2 and float(got["previous"].mean()) == 1.0
+        del out
+    assert float(kept.mean()) == 1.0
 
 
 def test_dtypes_shapes_and_a_slot_that_must_grow():
@@ -153,6 +172,33 @@ def _collate_with_views(samples):
     batch["chw_first"] = batch["png"][1:]  # a view at an offset of the slot
     batch["hwc"] = batch["png"].permute(0, 2, 3, 1)  # a strided view of the slot
     return batch
+
+
+class _WithPrevious:
+    """A collate_fn that also gives each batch the previous batch's images (mixing them)."""
+
+    def __init__(self):
+        self.previous = None
+
+    def __call__(self, samples):
+        batch = collate(samples)
+        batch["previous"] = batch["png"] if self.previous is None else self.previous
+        self.previous = batch["png"]
+        return batch
+
+
+@pytest.mark.timeout(120)
+def test_a_collate_fn_keeping_the_last_batch_in_the_worker_sees_it_intact(tmp_path: Path):
+    rng = np.random.default_rng(2)
+    images = [encode_image(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "png") for _ in range(96)]
+    root = make_shards(tmp_path, [24] * 4, lambda i: {"png": images[i]})
+    ds = ShardDataset(str(root), decode="torch")
+    held = list(make_loader(ds, batch_size=8, num_workers=1, collate_fn=_WithPrevious(), timeout=60))
+    assert len(held) == 12
+    for before, batch in zip(held, held[1:]):
+        torch.testing.assert_close(batch["previous"], before["png"], rtol=0, atol=0)
+        expected = torch.stack([decode_image(images[int(k)], "torch") for k in batch["__key__"]])
+        torch.testing.assert_close(batch["png"], expected, rtol=0, atol=0)
 
 
 @pytest.mark.timeout(120)
