@@ -167,3 +167,19 @@ def test_a_second_conversion_into_a_busy_folder_is_refused(tmp_path):
     assert not (dst / ".shardflow.lock").exists()  # released, and removed, at the end
     again = shardflow.write_shards(fn, range(6), str(dst), max_count=4, workers=1)  # free again: resumes
     assert [s.samples for s in again.shards] == [4, 2]
+
+
+def test_a_build_function_that_does_not_pickle_is_an_error_with_workers(tmp_path: Path) -> None:
+    """It used to hang: the process pool's feeder thread dropped the task, and its shutdown waited forever."""
+    dst = tmp_path / "out"
+    with pytest.raises(ConversionError, match=r"cannot be sent to a worker process.*workers=1") as info:
+        shardflow.write_shards(lambda i: {"__key__": f"{i:04d}", "cls": i}, range(50), str(dst), max_count=10, workers=2)
+    assert info.value.__cause__ is not None  # pickle's own error, chained
+    assert not list(dst.glob("*.tar")) and not (dst / "shardflow.json").exists()
+    # an input that does not pickle (a lock) is the same error; a module-level function works
+    import threading
+
+    with pytest.raises(ConversionError, match="cannot be sent to a worker process"):
+        shardflow.write_shards(fan, [1, threading.Lock()], str(tmp_path / "lock"), max_count=1, workers=2)
+    m = shardflow.write_shards(fan, range(N), str(tmp_path / "ok"), max_count=10, workers=2)
+    assert m.num_samples == sum(0 if i % 5 == 0 else 1 if i % 5 == 1 else i % 4 for i in range(N))
