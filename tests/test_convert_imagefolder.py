@@ -474,7 +474,9 @@ def test_c15_killed_run_resumes_keeping_finished_shards(big_tree: Path, big_conv
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                if len(read_manifest(dst).shards) >= 5:
+                # the first record (written when the first group is done; later ones at most once
+                # a second) is the moment to kill: on a quiet machine the next one may be the last
+                if len(read_manifest(dst).shards) >= 1:
                     break
             except (FileNotFoundError, ValueError):
                 pass
@@ -493,7 +495,7 @@ def test_c15_killed_run_resumes_keeping_finished_shards(big_tree: Path, big_conv
     crashed = read_manifest(dst)
     assert crashed.meta["conversion"]["complete"] is False
     kept = [s.url for s in crashed.shards]
-    assert len(kept) >= 5 and len(kept) < 100
+    assert 1 <= len(kept) < 100
     for name in kept:  # listed shards are complete
         assert (dst / name).stat().st_size == next(s.bytes for s in crashed.shards if s.url == name)
     before = identities(dst, kept)
