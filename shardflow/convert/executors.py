@@ -66,22 +66,22 @@ class LocalExecutor(Executor):
         self.pool = ProcessPoolExecutor(workers, initializer=exit_with_parent, initargs=(os.getpid(),))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """Pickle the task here, so that what cannot travel to a worker process is an error
-        now (the pool's own feeder thread would drop it, and its shutdown then hangs).
+        """Check here that the task pickles, so that what cannot travel to a worker process is
+        an error now (the pool's own feeder thread would drop it, and its shutdown then hangs).
 
         Raises:
             ConversionError: ``fn`` or an argument (the build function, an input) does not
                 pickle: a lambda, a nested function, an open file, a lock.
         """
         try:
-            task = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError, ...
             raise ConversionError(
                 f"a conversion task cannot be sent to a worker process: {type(e).__name__}: {e}. With workers > 1 "
                 "the build function and the inputs must pickle (a module-level function, plain values); "
                 "or convert with workers=1"
             ) from e
-        return self.pool.submit(_run_pickled, task)
+        return self.pool.submit(fn, *args)
 
     def wait_any(self, futures: Iterable[Any]) -> list[Any]:
         done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
@@ -89,11 +89,6 @@ class LocalExecutor(Executor):
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _run_pickled(task: bytes) -> Any:
-    fn, args = pickle.loads(task)
-    return fn(*args)
 
 
 class DaskExecutor(Executor):
