@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stages, transfer
+from . import transfer
 from .plan import cost_budgets
+from .policy import ErrorPolicy
 from .state import ResumePoint
 from .world import World
 
@@ -124,7 +125,7 @@ def stream_world(world: World, resume: ResumePoint | None) -> World:
     return world.with_workers(resume.streams[world.worker], world.num_workers)
 
 
-def count_good(items: Iterator[Any], policy: stages.ErrorPolicy) -> Iterator[Any]:
+def count_good(items: Iterator[Any], policy: ErrorPolicy) -> Iterator[Any]:
     """Count every item that is not None (a dropped sample) as good under ``policy``."""
     for x in items:
         if x is not None:

@@ -35,11 +35,11 @@ from typing import Any
 
 from .codecs import IMAGE_FIELD
 from .errors import ShardflowError
+from .policy import ON_ERROR
 
 __all__ = ["PipelineConfig", "ConfigError", "load_config", "dataset_from_config", "loader_from_config"]
 
 DECODE_CHOICES = ("numpy", "torch", "pil", None)
-ON_ERROR_CHOICES = ("raise", "skip", "warn")
 PARTIAL_CHOICES = ("pad", "drop")
 
 _ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -139,8 +139,8 @@ class PipelineConfig:
             raise bad("num_workers", "an int >= 0")
         if not isinstance(self.drop_last, bool):
             raise bad("drop_last", "true or false")
-        if self.on_error not in ON_ERROR_CHOICES:
-            raise bad("on_error", "raise, skip or warn")
+        if self.on_error not in ON_ERROR:
+            raise bad("on_error", ", ".join(ON_ERROR[:-1]) + " or " + ON_ERROR[-1])
         if self.cache_dir is not None:
             if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
                 raise bad("cache_dir", "a local folder path")

@@ -163,10 +163,10 @@ def test_skip_drops_whole_samples_and_counts_each_reason(tmp_path, sized):
 def test_warn_logs_each_dropped_sample(tmp_path, caplog):
     urls = mixed_shards(tmp_path / "m")
     ds = dataset(urls, on_error="warn")
-    with caplog.at_level(logging.WARNING, logger="shardflow.stages"):
+    with caplog.at_level(logging.WARNING, logger="shardflow.policy"):
         assert [s["__key__"] for s in ds] == GOOD_KEYS
     assert dict(ds.stats) == EXPECTED_STATS
-    warned = [r.getMessage() for r in caplog.records if r.name == "shardflow.stages"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "shardflow.policy"]
     assert len(warned) == 7
     assert all(re.search(r"mixed-[01]\.tar: sample 'b\d\d'", m) for m in warned[:6]), warned
     # then the total of the pass, by reason

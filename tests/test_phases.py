@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardflow import ShardDataset, stages
+from shardflow import ShardDataset, reader
 from shardflow.loading import loader as make_loader
-from shardflow.phases import PHASE_RATIO, first_phase, read_planned_in_phases
+from shardflow.reader.phases import PHASE_RATIO, first_phase, read_planned_in_phases
+from shardflow.policy import ErrorPolicy
 from shardflow.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, worker_batches
 from tests.helpers import assert_resumes, make_shards
 
@@ -58,11 +59,11 @@ def _read(data: Path, phased: bool, step: int) -> list[tuple[int, str]]:
     ds = ShardDataset(data, decode=None)
     plan = plan_epoch(COUNTS, 0, 1, 0, 0, SHUFFLE, SplitConfig(batch_size=BATCH))
     needed, order, first = _worker_positions(plan, step, 0, 2)
-    policy = stages.ErrorPolicy("raise")
+    policy = ErrorPolicy("raise")
     if phased:
         items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, policy, ds._offsets)  # noqa: SLF001
     else:
-        items = stages.read_planned(plan, needed, ds.source, ds.io, policy, ds._offsets)  # noqa: SLF001
+        items = reader.read_planned(plan, needed, ds.source, ds.io, policy, ds._offsets)  # noqa: SLF001
     return [(pos, s["__key__"]) for pos, s in items]
 
 
@@ -127,13 +128,13 @@ def test_shards_without_an_index_are_read_in_one_phase_and_resume(tmp_path: Path
 def test_phases_are_two_reads_only_with_an_offset_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: bool) -> None:
     folder = make_shards(tmp_path, COUNTS, index=index)
     calls = []
-    read = stages.read_planned
+    read = reader.phases.read_planned
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(int(np.count_nonzero(args[1])))
         return read(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "read_planned", counted)
+    monkeypatch.setattr(reader.phases, "read_planned", counted)
     batches = list(_maker(folder, 0)())
     assert sum(len(b["__key__"]) for b in batches) == sum(COUNTS)
     if index:  # what the first batch needs (fresh start), then the rest

@@ -278,7 +278,7 @@ def test_an_epoch_of_whole_shards_is_one_get_per_shard(http_server, tmp_path):
 def test_sparse_remote_reads_read_through_instead_of_a_request_per_gap(http_server, tmp_path):
     """Rank 1 of 7 takes every 7th sample: locally each gap is seeked over; remotely
     a seek is a request, so gaps smaller than REMOTE_SEEK_BYTES are read through."""
-    from shardflow import stages
+    from shardflow.reader.runs import plan_runs
 
     srv = http_server
     want = write(str(tmp_path / "d" / "train-%06d.tar"), 200, 100)
@@ -288,8 +288,8 @@ def test_sparse_remote_reads_read_through_instead_of_a_request_per_gap(http_serv
     positions = np.arange(len(plan.read_sample))
     sparse = positions[positions % 25 == 0]  # 8 samples, 24 unneeded between each
     local = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=7, shuffle=False)
-    assert len(stages._runs(local.plan(0), sparse, local.source, 1)[0]) == len(sparse)  # a seek per sample
-    assert len(stages._runs(plan, sparse, ds.source, 1)[0]) <= 2  # one run per shard
+    assert len(plan_runs(local.plan(0), sparse, local.source, 1)[0]) == len(sparse)  # a seek per sample
+    assert len(plan_runs(plan, sparse, ds.source, 1)[0]) <= 2  # one run per shard
     # and reading a rank's share remotely: one GET per shard part, the right samples
     srv.reset_stats()
     assert got(ds) == got(local) and len(got(local)) == 29  # 200 samples over 7 ranks, padded

@@ -231,7 +231,7 @@ def step_profile(work: str) -> dict:
         "tar parse (shardflow/format/tar.py)": own("shardflow/format/tar.py"),
         "file reads (shardflow/storage/, builtin read)": own("shardflow/storage/")
         + sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "read" in fn),
-        "shuffle buffer, plan, stages (own time)": own("shardflow/stages.py", "shardflow/plan.py", "shardflow/source.py"),
+        "shuffle buffer, plan, stages (own time)": own("shardflow/reader", "shardflow/plan.py", "shardflow/source.py"),
         "dataset + loader (own time)": own("shardflow/dataset.py", "shardflow/loading.py", "shardflow/collation.py"),
         "torch DataLoader machinery (own time)": own("torch/utils/data/"),
     }

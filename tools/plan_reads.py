@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 from shardflow.plan import ShuffleConfig, SplitConfig, plan_epoch, worker_batches
-from shardflow.stages import SEEK_GAP
+from shardflow.reader import SEEK_GAP
 
 
 def samples_read(plan, workers: int, interleaved: bool) -> int:

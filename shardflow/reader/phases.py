@@ -19,7 +19,7 @@ need:
   its samples do (through the offset index).
 
 The second phase reads the rest in read order. What is yielded does not change,
-only when it is read: :func:`~shardflow.stages.emit_in_order` puts every sample
+only when it is read: :func:`~shardflow.reader.shards.emit_in_order` puts every sample
 in its place in the plan's yield order either way.
 """
 
@@ -30,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from . import stages, storage
-from .errors import ShardflowError
-from .plan import RankPlan
-from .source import ShardSet
+from .. import storage
+from ..errors import ShardflowError
+from ..plan import RankPlan
+from ..policy import ErrorPolicy
+from ..source import ShardSet
+from .planned import read_planned
 
 __all__ = ["read_planned_in_phases", "PHASE_RATIO"]
 
@@ -80,19 +82,19 @@ def read_planned_in_phases(
     first: int,
     source: ShardSet,
     io: storage.IOOptions,
-    policy: stages.ErrorPolicy,
+    policy: ErrorPolicy,
     offsets: Callable[[int], np.ndarray | None],
     expand: int = 1,
     prepare: Callable[[dict[str, Any]], list[Any] | None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """:func:`~shardflow.stages.read_planned`, the positions :func:`first_phase` gives
+    """:func:`~shardflow.reader.planned.read_planned`, the positions :func:`first_phase` gives
     read first, when every shard of the plan has an offset index (to seek to where
     the second phase starts; fresh starts are split on local shards only, where
     reading through the index costs no request).
 
     Args:
         plan, needed, source, io, policy, offsets, expand, prepare: as
-            :func:`~shardflow.stages.read_planned`.
+            :func:`~shardflow.reader.planned.read_planned`.
         order: int64, the needed positions in yield order.
         first: samples in the first batch (its positions are ``order[:first]``).
 
@@ -109,13 +111,13 @@ def read_planned_in_phases(
         if head is not None and not _plain(plan, head, source, io):
             head = None  # a fresh start on a compressed shard: it streams whole, never through the index
     if head is None:
-        yield from stages.read_planned(plan, needed, source, io, policy, offsets, expand, prepare)
+        yield from read_planned(plan, needed, source, io, policy, offsets, expand, prepare)
         return
     now = np.zeros_like(needed)
     now[head] = True
     later = needed & ~now
     for part in (now, later):
-        reads = stages.read_planned(plan, part, source, io, policy, offsets, expand, prepare)
+        reads = read_planned(plan, part, source, io, policy, offsets, expand, prepare)
         try:
             yield from reads
         finally:

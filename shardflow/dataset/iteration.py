@@ -1,0 +1,207 @@
+"""A :class:`~shardflow.dataset.ShardDataset` pass: the reader stages composed, per worker.
+
+``__iter__`` detects the world, starts the epoch and composes the stages of
+:mod:`shardflow.reader` (read, select, tag, decode, transform, and in loader
+workers batch and collate) into the worker's pipeline.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import reader
+from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
+from ..collation import takes_graph_records
+from ..errors import SampleError, ShardflowError
+from ..plan import shuffle_buffer, split_unsized, worker_batches
+from ..policy import ErrorPolicy
+from ..state import ResumePoint
+from ..world import World, stable_seed
+
+__all__ = ["Iteration"]
+
+
+class Iteration:
+    """The iteration side of :class:`~shardflow.dataset.ShardDataset` (a mixin: the
+    attributes it reads are set by the dataset's constructor)."""
+
+    def _offsets(self, shard: int) -> np.ndarray | None:
+        """The shard's offset index (None without one), loaded once per process.
+        (The shard's size is checked against the manifest when it is opened.)"""
+        if shard not in self._offset_cache:
+            self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
+        return self._offset_cache[shard]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._batching is not None and not self._in_loader:
+            # Iterated by itself (or by a plain DataLoader) after a shardflow.loader took it:
+            # samples under the dataset's own split, not the loader's batch records.
+            view = copy.copy(self)
+            view._batching = None
+            items = iter(view)
+            self.stats = view.stats
+            return items
+        world = self.world()
+        epoch = self._begin(world.worker)
+        resume = self._resume if (self._resume is not None and self._resume.epoch == epoch) else None
+        if world.num_workers == 1 and torch.utils.data.get_worker_info() is None:
+            self._resume = None  # consumed by this iteration in the main process
+        self._last_epoch = epoch
+        policy = ErrorPolicy(self.on_error)
+        self.stats = policy.stats
+        if self._batching is not None:
+            batches = self._iter_batches(world, epoch, resume, policy)
+            if torch.utils.data.get_worker_info() is not None:
+                return Primed(batches)  # the first batch now, while the DataLoader starts the other workers
+            return batches
+        return self._iter_samples(world, epoch, resume, policy)
+
+    def _units(self, world: World, epoch: int, resume: ResumePoint | None) -> list[int]:
+        """This worker's batch numbers (sized; empty when unsized)."""
+        if not self.sized:
+            return []
+        plan = self.plan(epoch, world.rank)
+        step = resume.step if resume is not None else 0
+        # whole batches round robin: the DataLoader, taking one from each worker in turn,
+        # yields them in plan order, the same sequence for any number of workers
+        mine = worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)
+        return list(range(step + mine.start, step + mine.stop, mine.step))
+
+    def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
+        """Compose the stages; returns (items, planned batch sizes)."""
+        k = self.expand.count if self.expand is not None else 1
+        prepare = self._preparer(epoch, policy) if self.expand is not None else None
+        tagged = False  # __source__ set by the reader
+        if self.sized:
+            plan = self.plan(epoch, world.rank)
+            sizes, order = plan.batch_positions(ids)
+            needed = np.zeros(len(plan.read_sample), dtype=bool)  # read positions (a resumed plan reads more than it yields)
+            needed[order] = True
+            # read order is the yield order unless a shuffle buffer reorders: then no positions to keep
+            # (nor a first batch to read first: see phases.first_phase)
+            if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+                tagged = prepare is None  # __source__ set as each sample is made
+                items: Iterator[Any] = reader.read_planned(
+                    plan, needed, self.source, self.io, policy, self._offsets, k, prepare,
+                    sources=self.source.source_of.tolist() if tagged else None, positioned=False,
+                )
+            else:
+                raw = reader.read_planned_in_phases(
+                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
+                )
+                items = reader.emit_in_order(raw, order)
+        else:
+            shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
+            items = reader.read_shards(shards, self.source, self.io, policy)
+            if prepare is not None:
+                items = reader.expand_each(items, prepare, k)
+            items = shuffle_buffer(
+                items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker), self.shuffle.initial
+            )
+            sizes = []
+            if skip:
+                items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
+        if prepare is None and self.fields is not None:
+            items = reader.select_fields(items, self.fields, policy)
+        if prepare is None and not tagged:
+            items = tag_sources(items, self._source_index())
+        if prepare is None and self.decode is not None:
+            # The default collate batches graph fields from checked records in one step.
+            records = self._batching is not None and self.transform is None and takes_graph_records(self._batching.collate)
+            items = reader.decode(items, self.decode, policy, records)
+        if self.transform is not None:
+            items = reader.apply_transform(items, self.transform, policy)
+        return items, sizes
+
+    def _preparer(self, epoch: int, policy: ErrorPolicy) -> Callable[[dict[str, Any]], list[Any] | None]:
+        """Select, decode and expand one raw sample into its items (one-to-many samples)."""
+        expand = self.expand
+        wanted = reader.wanted_fields(self.fields) if self.fields is not None else None
+        options = self.decode
+        seed = self.seed
+        by_url = self._source_index()
+
+        def prepare(sample: dict[str, Any]) -> list[Any] | None:
+            s: dict[str, Any] | None = sample
+            if wanted is not None:
+                s = reader.select_one(sample, wanted, policy)
+            if s is not None:
+                s["__source__"] = by_url.get(s["__url__"], 0) if by_url else 0
+            if s is not None and options is not None:
+                s = reader.decode_one(s, options, policy)
+            if s is None or expand is None:
+                return None
+            rng = np.random.Generator(np.random.PCG64(stable_seed("expand", seed, epoch, s["__key__"])))
+            try:
+                items = list(expand.fn(s, rng))
+                if len(items) != expand.count:
+                    raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
+            except Exception as e:
+                err = SampleError(f"{s['__url__']}: sample {s['__key__']!r}: expand raised {type(e).__name__}: {e}", reason="expand")
+                policy.handle(err, cause=e)
+                return None
+            return items
+
+        return prepare
+
+    def _iter_samples(self, world: World, epoch: int, resume: ResumePoint | None, policy: ErrorPolicy) -> Iterator[Any]:
+        ids = self._units(world, epoch, resume)
+        skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        in_main = torch.utils.data.get_worker_info() is None
+        layout = resume.layout if resume is not None else ()
+        progress = [ids[0] if ids else (resume.step if resume is not None else 0), 0, skip, layout]
+        if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch
+            self._progress = progress
+        return self._yield_samples(stream_world(world, resume), epoch, ids, skip, policy, progress, in_main)
+
+    def _yield_samples(
+        self, world: World, epoch: int, ids: list[int], skip: int, policy: ErrorPolicy, progress: list[Any], in_main: bool
+    ) -> Iterator[Any]:
+        items, _ = self._pipeline(world, epoch, ids, skip, policy)
+        stats = policy.stats
+        try:
+            for item in items:
+                progress[1] += 1
+                if item is None:
+                    continue
+                stats["samples"] += 1  # policy.good(), without a call per sample
+                yield item
+            policy.check_end()
+        finally:
+            close_iter(items)
+        if in_main:
+            self._progress = None
+
+    def _iter_batches(self, world: World, epoch: int, resume: ResumePoint | None, policy: ErrorPolicy) -> Iterator[WorkerItem]:
+        b = self._batching
+        if b is None:
+            raise ShardflowError("internal: batching requested without a batch configuration")
+        ids = self._units(world, epoch, resume)
+        skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
+        counted = count_good(items, policy)
+        try:
+            if self.sized:
+                for index, batch in reader.batched(counted, sizes, b.collate):
+                    yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
+            else:
+                n = skip
+                while True:
+                    group = [x for x in take(counted, b.batch_size)]
+                    full = len(group) == b.batch_size
+                    group = [x for x in group if x is not None]
+                    if group and (full or not b.drop_last):
+                        yield WorkerItem(world.worker, n, b.collate(group), policy.snapshot())
+                    n += 1
+                    if not full:
+                        break
+            if world.num_workers == 1 or policy.stats["samples"]:
+                policy.check_end()
+        finally:
+            close_iter(items)
+        yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)

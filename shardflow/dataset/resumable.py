@@ -1,0 +1,152 @@
+"""The resume side of :class:`~shardflow.dataset.ShardDataset`: its state dict, checked
+and loaded (see :mod:`shardflow.state` for the format)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..state import ResumePoint, build_state, check_state, parse_layout
+
+__all__ = ["Resumable"]
+
+log = logging.getLogger(__name__)
+
+
+class Resumable:
+    """``state_dict``/``load_state_dict`` of :class:`~shardflow.dataset.ShardDataset` and the
+    state helpers the loader uses (a mixin: the attributes it reads are set by the
+    dataset's constructor)."""
+
+    def _fingerprint(self, num_workers: int) -> dict[str, Any]:
+        world = self.world()
+        h = hashlib.sha256()
+        for u, c in zip(self.source.urls, self.source.counts if self.source.counts is not None else [None] * len(self.source.urls)):
+            h.update(f"{u.rsplit('/', 1)[-1]}:{c};".encode())
+        split = self._split_config()
+        return {
+            "shards": h.hexdigest()[:16],
+            "seed": self.seed,
+            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial],
+            "partial": split.partial,
+            "samples_per_epoch": split.samples_per_epoch,
+            "batch_size": split.batch_size,
+            "drop_last": split.drop_last,
+            "max_cost": [list(x) for x in zip(*self._batching.budgets)] if self._batching and self._batching.budgets else None,
+            "world_size": world.world_size,
+            "rank": world.rank,
+            "num_workers": num_workers,
+            "expand": self.expand.count if self.expand is not None else 1,
+        }
+
+    def check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
+        """Refuse a state this dataset cannot resume (part of the resume contract).
+
+        Args:
+            state: a state dict (:mod:`shardflow.state`).
+            kind: ``"ShardDataset"`` or ``"ShardLoader"``.
+            num_workers: reading processes per rank of the loading side.
+
+        Raises:
+            StateError: another kind or version, or another configuration; the
+                message names each difference.
+        """
+        extra = []
+        saved = state.get("config") if isinstance(state, Mapping) else None
+        if not self.sized and isinstance(saved, Mapping) and saved.get("num_workers") != num_workers:
+            extra.append(
+                f"num_workers: saved {saved.get('num_workers')}, now {num_workers} "
+                "(without a manifest the worker count must match)"
+            )
+        ignored = ("num_workers", "rank", "world_size") if self.sized else ("num_workers",)
+        check_state(state, kind, self._fingerprint(num_workers), ignored=ignored, extra=extra)
+        if self.sized:
+            parse_layout(state["remaining"], kind)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the current epoch when iterating in this process.
+
+        Taken mid-epoch and loaded into a fresh dataset, iteration continues
+        with exactly the samples not yet yielded, in the same order. With
+        DataLoader workers use the state of :func:`shardflow.loader` instead:
+        the dataset in the main process cannot see what workers yielded.
+        """
+        progress = getattr(self, "_progress", None)
+        resume = self._resume
+        if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
+            return self.make_state("ShardDataset", 1, resume.epoch, self.position(resume.layout, resume.step, resume.skip[:1]), 0)
+        if progress is None:
+            return self.make_state("ShardDataset", 1, int(self._control[0]) + int(self._control[1]), [], 0)
+        step0, k, skip, layout = progress
+        return self.make_state("ShardDataset", 1, self._last_epoch, self.position(layout, step0 + k, [skip + k]), 0)
+
+    def position(self, layout: Sequence[tuple[int, int]], step: int, skips: Sequence[int] = ()) -> list[Any]:
+        """The ``remaining`` entry of a state (:mod:`shardflow.state`).
+
+        Args:
+            layout: the epoch's earlier ``(world size, steps)`` reader.
+            step: batches (samples, iterated directly) of the current plan taken
+                by every rank.
+            skips: unsized: the units each worker stream has passed.
+
+        Returns:
+            Sized: ``[[W0, k0], ..., [W, step]]``; unsized: ``skips``.
+        """
+        if not self.sized:
+            return [int(x) for x in skips]
+        return [[int(w), int(k)] for w, k in layout] + [[self.world().world_size, int(step)]]
+
+    def make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
+        """A state dict of this dataset's configuration (see :mod:`shardflow.state`).
+
+        Args:
+            kind: ``"ShardDataset"`` or ``"ShardLoader"``.
+            num_workers: reading processes per rank.
+            epoch: the epoch the state resumes.
+            remaining: per stream, what is left of the epoch (``[]``: all of it).
+            next_worker: the stream the next batch comes from.
+        """
+        return build_state(kind, epoch, remaining, next_worker, self._fingerprint(num_workers))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration continues that epoch.
+
+        Raises:
+            StateError: another version, or a different configuration (the
+                message lists each difference).
+        """
+        self.check_state(state, "ShardDataset", 1)
+        self._load_resume(state, 1)
+        self._progress = None  # an abandoned iteration no longer names the position
+
+    def _split_layout(self, stages_: list[tuple[int, int]]) -> tuple[tuple[tuple[int, int], ...], int]:
+        """``(layout, step)`` of a saved layout at this world size: on the world of its
+        last stage, continue that stage's plan at its step; on another, share out what
+        remains (:mod:`shardflow.elastic`) from step 0."""
+        if stages_[-1][0] == self.world().world_size:
+            return tuple(stages_[:-1]), stages_[-1][1]
+        return tuple(stages_), 0
+
+    def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
+        epoch = int(state["epoch"])
+        remaining = state["remaining"]
+        self._apply_epoch(epoch)
+        self._user_epoch = epoch
+        self._layout = None
+        if not remaining:  # saved before anything was read: start the epoch afresh
+            self._resume = None
+            return
+        if not self.sized:
+            skip = [int(x) for x in remaining]
+            j = int(state["next_worker"])
+            streams = tuple((i + j) % num_workers for i in range(num_workers))
+            self._resume = ResumePoint(epoch, skip=tuple(skip[s] for s in streams), streams=streams)
+            return
+        stages_ = parse_layout(remaining, str(state.get("kind")))
+        layout, step = self._split_layout(stages_)
+        if not step and layout:
+            log.info("resuming epoch %d on %d ranks after %s (world size, steps)", epoch, self.world().world_size, stages_)
+        self._layout = (epoch, layout) if layout else None
+        self._resume = ResumePoint(epoch, layout, step)

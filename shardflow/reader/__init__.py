@@ -1,0 +1,52 @@
+"""The read path: from a worker's planned shards to its samples.
+
+One pass of one worker goes through these modules in order:
+
+* :mod:`.runs`: which stretches of which shards to read (runs), computed once.
+* :mod:`.streams` and :mod:`.segments`: opening a run's byte stream (seeking
+  with the offset index or reading from the shard's start), opening the next
+  ones ahead.
+* :mod:`.planned`: the main loop, stepping through the read positions.
+* :mod:`.recovery`: the slow path (a stream to open, an error, a shard cut short).
+* :mod:`.phases`: the first batch's samples read first where that helps.
+* :mod:`.shards`: reading without a plan (no manifest), and putting planned
+  reads back into yield order.
+* :mod:`.samples`: selecting, decoding, transforming and batching samples.
+
+Errors go to one :class:`~shardflow.policy.ErrorPolicy`. See docs/architecture.md
+for a sample's whole trip.
+"""
+
+from .phases import PHASE_RATIO, first_phase, read_planned_in_phases
+from .planned import read_planned
+from .runs import REMOTE_SEEK_BYTES, SEEK_GAP
+from .samples import (
+    apply_transform,
+    batched,
+    decode,
+    decode_one,
+    expand_each,
+    select_fields,
+    select_one,
+    wanted_fields,
+)
+from .shards import emit_in_order, read_shards
+
+__all__ = [
+    "read_planned",
+    "read_planned_in_phases",
+    "first_phase",
+    "PHASE_RATIO",
+    "read_shards",
+    "emit_in_order",
+    "select_fields",
+    "select_one",
+    "wanted_fields",
+    "decode",
+    "decode_one",
+    "apply_transform",
+    "expand_each",
+    "batched",
+    "SEEK_GAP",
+    "REMOTE_SEEK_BYTES",
+]

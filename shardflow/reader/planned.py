@@ -1,0 +1,192 @@
+"""The main loop of a pass over a worker's planned samples: :func:`read_planned`.
+
+It steps through the read positions in read order (:mod:`.runs`); a run's next
+samples come from its open stream (:mod:`.streams`), and anything unusual (a
+stream to open, a failure, the end of a shard) goes to :mod:`.recovery`. A block
+of positions that read the next samples of an open run, all wanted, goes in one
+inner loop: the hot path of reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from .. import storage
+from ..errors import SampleError, ShardflowError
+from ..plan import RankPlan
+from ..policy import ErrorPolicy
+from ..source import ShardSet
+from .recovery import LOST, Recovery
+from .runs import RunTable
+from .streams import RunStreams
+
+__all__ = ["read_planned"]
+
+Sample = dict[str, Any]
+
+
+def read_planned(
+    plan: RankPlan,
+    needed: np.ndarray,
+    source: ShardSet,
+    io: storage.IOOptions,
+    policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None],
+    expand: int = 1,
+    prepare: Callable[[Sample], list[Any] | None] | None = None,
+    *,
+    sources: Sequence[int] | None = None,
+    positioned: bool = True,
+) -> Iterator[Any]:
+    """Read the needed positions of a rank's plan, in read order.
+
+    Args:
+        plan: the rank's plan.
+        needed: bool array over read positions.
+        source: shard URLs.
+        io: storage options.
+        policy: error policy (shard errors drop the shard's remaining samples).
+        offsets: ``offsets(shard)`` returns the shard's offset index or None.
+        expand: items per stored sample (one-to-many samples): the plan counts
+            items, item ``i`` of a shard comes from sample ``i // expand``.
+        prepare: with ``expand > 1``, turns one raw sample into its
+            ``expand`` items (or None when the sample was dropped); each
+            sample is read and prepared once.
+        sources: with ``expand == 1``, the source index of every shard, set as
+            ``__source__`` on each sample as it is made (None: not set).
+        positioned: False to yield the items alone (when read order is the
+            order wanted, no reordering needs the positions).
+
+    Yields:
+        ``(position, item)`` for every needed position, in read order (or the
+        ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
+    """
+    k = expand
+    table = RunTable.build(plan, needed, source, k, sources, in_blocks=k == 1 and not positioned)
+    if table is None:
+        return
+    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
+    streams, cached = recovery.streams, recovery.cached
+    iters, last_l, run_url, run_source = streams.open, table.last, table.url, table.source
+    steps = table.steps()
+    try:
+        for pos, s, i, want, ahead in steps:
+            if s < 0:  # outside every run
+                continue
+            if k > 1 and (got := _cached(cached, s, i, k, last_l[s])) is not _MISS:  # from the sample read last
+                if want:
+                    yield (pos, got) if positioned else got
+                continue
+            item = error = None
+            it = iters.get(s)
+            if it is not None and ahead > 1:  # the common case: the run is open, its next samples wanted
+                url, done = run_url[s], 0
+                tag = run_source[s] if run_source is not None else None
+                try:
+                    for item in islice(it.samples, ahead):
+                        fields = item[2]
+                        if type(fields) is not dict:  # a bad sample: the general code below drops it
+                            break
+                        if tag is None:
+                            yield {"__key__": item[0], "__url__": url, **fields}
+                        else:
+                            yield {"__key__": item[0], "__url__": url, **fields, "__source__": tag}
+                        done += 1
+                    else:
+                        item = None
+                except ShardflowError as e:
+                    item, error = None, e
+                if done > 1:
+                    next(islice(steps, done - 2, None), None)  # the block's positions are served
+                if done == ahead:
+                    if i + done - 1 == last_l[s]:
+                        streams.drop(s)
+                    continue
+                if done:  # on at the first position not served, with what it met
+                    pos, s, i, want, ahead = next(steps)
+                if item is None and error is None:
+                    error = recovery.ended(s, i)
+            elif it is not None:  # the run's stream is open
+                try:
+                    item = next(it.samples, None)  # (the generator itself: no __next__ in Python)
+                    if item is None:
+                        error = recovery.ended(s, i // k)
+                except ShardflowError as e:
+                    error = e
+            if item is None:  # no open stream (to open, or a dead run), or an error: the slow path
+                item = recovery.reach(s, i, want, error)
+                if item is None:
+                    continue
+                if item is LOST:
+                    yield (pos, None) if positioned else None
+                    continue
+            if i // k == last_l[s] // k:
+                streams.drop(s)
+            if k > 1:
+                got = _prepared(item, run_url[s], prepare, policy, cached, s, i, k, last_l[s])
+                if want:
+                    yield (pos, got) if positioned else got
+                continue
+            if not want:
+                continue
+            key, _, fields = item
+            if type(fields) is not dict:  # a SampleError
+                policy.handle(fields)
+                yield (pos, None) if positioned else None
+                continue
+            if run_source is None:
+                sample: Sample = {"__key__": key, "__url__": run_url[s], **fields}
+            else:
+                sample = {"__key__": key, "__url__": run_url[s], **fields, "__source__": run_source[s]}
+            yield (pos, sample) if positioned else sample
+    finally:
+        streams.close()
+
+
+_MISS = object()
+
+
+def _cached(cached: dict[int, tuple[int, list[Any] | None]], s: int, i: int, k: int, last: int) -> Any:
+    """Item ``i`` of run ``s`` when it comes from the sample prepared last (one-to-many
+    samples; None: dropped), else :data:`_MISS`; the entry is dropped at the run's last item."""
+    hit = cached.get(s)
+    if hit is None or hit[0] != i // k:
+        return _MISS
+    if i == last:
+        cached.pop(s, None)
+    return _item(hit[1], i, k)
+
+
+def _item(items: list[Any] | None, i: int, k: int) -> Any:
+    return items[i % k] if items is not None else None
+
+
+def _prepared(
+    item: tuple[str, int, Any],
+    url: str,
+    prepare: Callable[[Sample], list[Any] | None] | None,
+    policy: ErrorPolicy,
+    cached: dict[int, tuple[int, list[Any] | None]],
+    s: int,
+    i: int,
+    k: int,
+    last: int,
+) -> Any:
+    """Item ``i`` of the raw sample ``item`` of run ``s`` (one-to-many samples: the sample is
+    prepared into its ``k`` items, kept in ``cached`` for the run's next items), None when
+    the sample was dropped."""
+    key, _, fields = item
+    items: list[Any] | None = None
+    if isinstance(fields, SampleError):
+        policy.handle(fields)
+    else:
+        raw: Sample = {"__key__": key, "__url__": url}
+        raw.update(fields)
+        items = prepare(raw) if prepare is not None else None
+    if i != last:
+        cached[s] = (i // k, items)
+    return _item(items, i, k)

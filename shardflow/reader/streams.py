@@ -1,0 +1,103 @@
+"""The open streams of a pass's runs, and the open-ahead of the next ones.
+
+Opening a run also starts opening the next runs in read order (as many as are
+open at once: the interleave), so their bytes stream while this one is decoded.
+Remote runs open in background threads (loading an offset index is a request
+too); an error there is raised when the run is reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .. import storage
+from ..source import ShardSet
+from .runs import RunTable
+from .segments import Opened, close, open_segment
+
+__all__ = ["RunStreams", "OPENERS"]
+
+OPENERS = 4
+"""Threads opening the next segments (each open waits on requests: index, first bytes)."""
+
+
+class RunStreams:
+    """The streams of the runs being read (:attr:`open`: run -> its :class:`Opened`).
+
+    Args:
+        table: the pass's runs.
+        source: the shards.
+        io: storage options.
+        offsets: ``offsets(shard)``: the shard's offset index, or None.
+    """
+
+    def __init__(
+        self, table: RunTable, source: ShardSet, io: storage.IOOptions, offsets: Callable[[int], np.ndarray | None]
+    ) -> None:
+        self.open: dict[int, Opened] = {}
+        self._table = table
+        self._source = source
+        self._io = io
+        self._offsets = offsets
+        self._rank_of = {run: j for j, run in enumerate(table.opening)}
+        self._scheduled = 0  # opening[:scheduled] are open, done, or being opened
+        # not for local files: opening one takes microseconds, and a thread doing it
+        # costs the reader GIL hand-offs (see docs/benchmarks.md)
+        self._ahead = not all(storage.is_local(table.url[run]) for run in table.opening)
+        self._pool: ThreadPoolExecutor | None = None
+        self._early: dict[int, Future[Opened]] = {}
+
+    def start(self, s: int) -> Opened:
+        """Open run ``s`` (or take it from the open-ahead) and start opening the next ones."""
+        early = self._early.pop(s, None)
+        self._scheduled = max(self._scheduled, self._rank_of[s] + 1)
+        it = self.open[s] = early.result() if early is not None else self._open(s)
+        opening = self._table.opening
+        while self._ahead and self._scheduled < len(opening) and len(self._early) < len(self.open):
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(OPENERS, thread_name_prefix="shardflow-open")
+            ahead = opening[self._scheduled]
+            self._early[ahead] = self._pool.submit(self._open, ahead)
+            self._scheduled += 1
+        return it
+
+    def reseek(self, s: int, start: int) -> Opened:
+        """Open run ``s`` again through the shard's offset index at sample ``start``."""
+        t = self._table
+        shard = t.shard[s]
+        it = self.open[s] = open_segment(
+            self._source, shard, start, t.last[s] // t.expand + 1, self._offsets(shard), self._io
+        )
+        return it
+
+    def _open(self, s: int) -> Opened:
+        t = self._table
+        shard, k = t.shard[s], t.expand
+        start, stop = t.first[s] // k, t.last[s] // k + 1
+        # A run that starts and ends within a read-through gap of the shard's ends
+        # streams the shard from its start (skipping to ``start``): no offset index
+        # to fetch, one request fewer per shard and worker on a remote store.
+        gap = t.gaps[shard]
+        counts = self._source.counts
+        whole = counts is not None and start <= gap and counts[shard] - stop <= gap
+        # A local shard read whole still gets its offset index (one small local read), to walk
+        # its headers for many samples at once.
+        index = self._offsets(shard) if not self._ahead or not whole else None
+        return open_segment(self._source, shard, start, stop, None if whole else index, self._io, index)
+
+    def drop(self, s: int) -> None:
+        """Close run ``s``'s stream, if open."""
+        close(self.open.pop(s, None))
+
+    def close(self) -> None:
+        """Close every stream, and those opened ahead."""
+        for it in self.open.values():
+            close(it)
+        for early in self._early.values():
+            if not early.cancel() and early.exception() is None:
+                close(early.result())
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
