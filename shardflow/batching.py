@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import transfer
-from .plan import cost_budgets
+from .costs import cost_budgets
 from .policy import ErrorPolicy
 from .state import ResumePoint
 from .world import World

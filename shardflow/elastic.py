@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .order import Segment
-from .plan import RankPlan, SplitConfig, cost_batches, split_to
+from .costs import cost_batches, split_to
+from .plan import RankPlan, SplitConfig
 
 __all__ = ["remaining_share", "redistribute", "resumed_plan"]
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import shardflow.format.spans as spans_module
 import shardflow.format.tar as tar_module
 from shardflow.errors import SampleError, ShardFormatError
 from shardflow.format.keys import split_name
@@ -72,8 +73,8 @@ def _samples(data: bytes, chunk: int, walk=None, start: int = 0, end: int | None
 def _general(data: bytes, chunk: int, **kw) -> list:
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(tar_module, "_plain_members", lambda buf, pos, *rest: ([], pos))
-        mp.setattr(tar_module, "indexed_heads", lambda *a: ([], []))
+        mp.setattr(spans_module, "plain_members", lambda buf, pos, *rest: ([], pos))
+        mp.setattr(spans_module, "indexed_heads", lambda *a: ([], []))
         return _samples(data, chunk, **kw)
     finally:
         mp.undo()
@@ -117,14 +118,14 @@ def test_plain_samples_are_walked_with_the_index_not_member_by_member(monkeypatc
     data += END_OF_ARCHIVE
     _, offsets, _ = scan_shard([data], "s.tar")
     walked = []
-    plain = tar_module._plain_members
+    plain = spans_module.plain_members
 
     def counted(*args):
         members, pos = plain(*args)
         walked.extend(members)
         return members, pos
 
-    monkeypatch.setattr(tar_module, "_plain_members", counted)
+    monkeypatch.setattr(spans_module, "plain_members", counted)
     got = list(iter_samples([data], "s.tar", walk_starts=offsets))
     assert [k for k, _, _ in got] == [f"{i:05d}" for i in range(500)]
     assert got[7][2] == {"jpg": b"j" * 307, "cls": b"7"} and all(type(v) is bytes for v in got[7][2].values())
@@ -190,7 +191,7 @@ def test_plain_samples_come_grouped_and_anything_unusual_goes_member_by_member()
 
     def run_of(data: bytes):
         starts = _starts(data)
-        heads, sizes = tar_module.indexed_heads(data, 0, 0, -1, 1 << 20, 4096, np.asarray(starts, dtype=np.int64))
+        heads, sizes = spans_module.indexed_heads(data, 0, 0, -1, 1 << 20, 4096, np.asarray(starts, dtype=np.int64))
         return checked_samples(data, 0, heads, sizes)
 
     data = b"".join(encode_sample(f"a.b/{i:03d}", {"jpg": b"j" * i, "cls": b"%d" % i}) for i in range(30)) + END_OF_ARCHIVE

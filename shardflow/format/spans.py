@@ -19,7 +19,9 @@ import numpy as np
 
 from .headers import BLOCK
 
-__all__ = ["SampleRun", "checked_members", "checked_samples", "indexed_heads"]
+__all__ = ["SampleRun", "RUN", "bulk_members", "plain_members", "checked_members", "checked_samples", "indexed_heads"]
+
+Member = tuple[str, int, "bytes | bytearray"]
 
 _POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a checksum field
 _POW8_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of a size field
@@ -232,3 +234,98 @@ def checked_samples(buf: bytes, base: int, heads: list[int], sizes: list[int]) -
     offsets = [base + heads[j] for j in bounds[:-1]]
     end = heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
     return SampleRun(keys, offsets, samples, end, (buf, base, heads, sizes))
+
+
+def bulk_members(
+    buf: bytes, pos: int, base: int, stop: int, max_member: int, run: int, starts: np.ndarray | None, grouped: bool
+) -> tuple[list[Member] | SampleRun, int]:
+    """Plain members (most of any shard) at ``buf[pos:]`` parsed in bulk, with the same
+    checks (see :func:`plain_members`); ``run``: the most members walked without the index; ``([], pos)`` when the next header is not one."""
+    members: list[Member] | SampleRun = []
+    bound = stop
+    if starts is not None:
+        # every whole sample in the buffer at once: a numpy step costs about the same for
+        # 16 samples as for 1,000, so a short first run would only repeat the overhead
+        heads, sizes = indexed_heads(buf, pos, base, stop, max_member, RUN, starts)
+        members, pos = _bulk_run(buf, pos, base, heads, sizes, grouped)
+        if not members:  # mid-sample (after a member read by the general path): walk to the next start
+            after = int(np.searchsorted(starts, base + pos, side="right"))
+            if after < len(starts):
+                bound = int(starts[after]) if stop < 0 else min(stop, int(starts[after]))
+    if not members:
+        members, pos = plain_members(buf, pos, base, bound, max_member, run, grouped)
+    return members, pos
+
+
+RUN = 4096
+"""The most members parsed in one run (their headers are gathered: 2 MiB)."""
+_GROUPED_MIN = 8  # fewer members go one by one: numpy's fixed cost per call would outweigh grouping them
+
+
+def plain_members(
+    buf: bytes, pos: int, base: int, stop: int, max_member: int, most: int = RUN, grouped: bool = False
+) -> tuple[list[Member] | SampleRun, int]:
+    """The run of plain members at ``buf[pos:]``, their headers checked together with numpy.
+
+    A plain member is the common case: a ustar regular file (type ``"0"``, no
+    name prefix, no extended header before it) whose size and checksum are
+    written as shardflow, GNU tar and CPython ``tarfile`` write them
+    (``"%011o\\0"``, ``"%06o\\0 "``), and whose data is in ``buf``. For those,
+    every check of the general path is made here too (checksum, octal digits,
+    the member-size limit, not past ``stop``); the run ends before the first
+    header that is anything else or fails a check, which the general path then
+    reads (and reports). Walking from header to header takes a few byte
+    lookups per member; checksums and names are then computed for the whole
+    run at once.
+
+    Args:
+        buf: buffered bytes; ``pos``: a header boundary in it, at absolute offset
+            ``base + pos``; ``stop``: the absolute offset to stop at (-1: none).
+        max_member: :attr:`Limits.max_member_bytes`.
+        most: the most members in the run.
+        grouped: see :func:`_bulk_run`.
+
+    Returns:
+        ``(members, pos)``: ``(name, header offset, data)`` of each member of the
+        run (or a :class:`.spans.SampleRun`), and the position after it.
+    """
+    heads: list[int] = []
+    sizes: list[int] = []
+    end = len(buf)
+    p = pos
+    while p + BLOCK <= end and len(heads) < most:
+        if buf[p + 156] != 48 or buf[p + 345] or buf[p + 135] or buf[p + 154] or buf[p + 155] != 32:
+            break
+        field = buf[p + 124 : p + 135]
+        if not field.isdigit():
+            break
+        try:
+            size = int(field, 8)
+        except ValueError:  # an 8 or 9
+            break
+        nxt = p + BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        if nxt > end or size > max_member or (stop >= 0 and (base + p == stop or base + nxt > stop)):
+            break
+        heads.append(p)
+        sizes.append(size)
+        p = nxt
+    return _bulk_run(buf, pos, base, heads, sizes, grouped)
+
+
+def _bulk_run(
+    buf: bytes, pos: int, base: int, heads: list[int], sizes: list[int], grouped: bool
+) -> tuple[list[Member] | SampleRun, int]:
+    """The members of a walk (``heads``, ``sizes``) up to the first bad checksum, and the
+    position after them (``pos`` when there are none). With ``grouped``, the common case
+    comes as a :class:`SampleRun` (see :func:`checked_samples`)."""
+    if not heads:
+        return [], pos
+    if grouped and len(heads) >= _GROUPED_MIN:
+        found = checked_samples(buf, base, heads, sizes)
+        if found is not None:
+            return found, found.end
+    members = checked_members(buf, base, heads, sizes)
+    if not members:
+        return [], pos
+    last = len(members) - 1
+    return members, heads[last] + BLOCK + ((sizes[last] + BLOCK - 1) & ~(BLOCK - 1))
