@@ -304,22 +304,22 @@ def test_forked_workers_after_torch_threads_do_not_hang(tmp_path):
 
 def test_a_rebuilt_dataset_must_hold_the_same_graphs():
     """What a spawned worker checks: the same length and the same probe graphs as the main process."""
-    from shardflow.convert import pyg as conv
+    from shardflow.convert.pyg import workers as conv
 
     spec = DatasetSpec("tests.test_convert_pyg:graph_list", {"num_graphs": 40})
-    probe, _ = conv._probe(spec.open(), conv._probe_indices(40))
-    good = conv._Context("t-good", spec, FIELD, 40, 9, probe)
+    probe, _ = conv.probe_graphs(spec.open(), conv.probe_indices(40))
+    good = conv.WorkerContext("t-good", spec, FIELD, 40, 9, probe)
     try:
-        assert len(conv._worker_dataset(good)) == 40
+        assert len(conv.worker_dataset(good)) == 40
     finally:
-        conv._DATASETS.pop("t-good", None)
+        conv.DATASETS.pop("t-good", None)
     with pytest.raises(ConversionError, match="holds other graphs than in the main process"):
-        conv._worker_dataset(conv._Context("t-bad", spec, FIELD, 40, 9, "0" * 32))
+        conv.worker_dataset(conv.WorkerContext("t-bad", spec, FIELD, 40, 9, "0" * 32))
     with pytest.raises(ConversionError, match="not the same: 40 graphs instead of 41"):
-        conv._worker_dataset(conv._Context("t-bad", spec, FIELD, 41, 9, probe))
+        conv.worker_dataset(conv.WorkerContext("t-bad", spec, FIELD, 41, 9, probe))
     with pytest.raises(ConversionError, match="not available in this worker process"):
-        conv._worker_dataset(conv._Context("t-none", None, FIELD, 40, 9, probe))
-    assert not {"t-bad", "t-none"} & conv._DATASETS.keys()
+        conv.worker_dataset(conv.WorkerContext("t-none", None, FIELD, 40, 9, probe))
+    assert not {"t-bad", "t-none"} & conv.DATASETS.keys()
 
 
 def seed_all(seed):
