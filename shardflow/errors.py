@@ -101,6 +101,12 @@ class DestinationExistsError(ConversionError, FileExistsError):
     default_reason = "destination_exists"
 
 
+class PickledValueError(ConversionError):
+    """A converter met a pickled value and the user did not opt in to storing pickles."""
+
+    default_reason = "pickle"
+
+
 def missing_dependency(package: str, extra: str, purpose: str) -> ImportError:
     """Build the ImportError raised when an optional dependency is absent.
 

@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "main", "build_parser", "command_in"]
 # (and what it imports: storage, numpy, fsspec, torch) is imported only when that command runs, so
 # `shardflow --help` starts in well under a second.
 COMMANDS: dict[str, str] = {
-    "convert": "convert an image folder, a PyG dataset, arrays or text lines into shards",
+    "convert": "convert an image folder, a PyG dataset, arrays, text lines, Parquet or LMDB into shards",
     "index": "write shardflow.json (counts, bytes, sha256, offsets) for existing shards",
     "inspect": "summarize a dataset: shards, samples, fields, classes, graphs, first keys",
     "verify": "check every shard against the manifest and decode every sample",
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardflowError as e:
         print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:  # ImportError: names the extra
         print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

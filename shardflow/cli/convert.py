@@ -2,8 +2,9 @@
 
 All argument parsing of the converters lives here; the converters in
 :mod:`shardflow.convert` take plain arguments and a ``progress`` callback.
-The four sub-commands share one helper, :func:`run_converter`, which builds
-the shared options, draws the progress bar and prints the one-line summary.
+The sub-commands share :mod:`shardflow.cli.convert_common` (the shard options,
+the progress bar, the one-line summary); Parquet and LMDB are in
+:mod:`shardflow.cli.convert_stores`.
 """
 
 from __future__ import annotations
@@ -11,147 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from .options import storage_options
-from .progress import progress_bar
+from .convert_common import add_shard_options, options_from_args, run_converter
+from .convert_common import rate as _rate
+from .convert_stores import add_lmdb, add_parquet
 from .units import counted
 
-KINDS = ("imagefolder", "pyg", "arrays", "lines")
+KINDS = ("imagefolder", "pyg", "arrays", "lines", "parquet", "lmdb")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("convert", help="convert an image folder, a PyG dataset, arrays or text lines into shards")
+    parser = sub.add_parser(
+        "convert", help="convert an image folder, a PyG dataset, arrays, text lines, Parquet or LMDB into shards"
+    )
     kinds = parser.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
-    for add in (_add_imagefolder, _add_pyg, _add_arrays, _add_lines):
+    for add in (_add_imagefolder, _add_pyg, _add_arrays, _add_lines, add_parquet, add_lmdb):
         add(kinds)
-
-
-# ------------------------------------------------------------------ the shared helper
-
-
-def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None = 10_000) -> None:
-    """Options every converter shares: shard size, workers, resume, storage.
-
-    ``max_count=None`` lets the converter choose the shard size (its help says how).
-    """
-    default = f"default {max_count}" if max_count is not None else "default: chosen by the converter"
-    parser.add_argument("--max-count", type=int, default=max_count, help=f"samples per shard ({default})")
-    parser.add_argument("--prefix", default="train", help="shard name prefix: PREFIX-000000.tar (default train)")
-    parser.add_argument("--max-bytes", type=int, default=None, help="shard size limit in bytes (default: none)")
-    parser.add_argument(
-        "--group-size", type=int, default=None, metavar="N",
-        help="inputs per task (default: --max-count); shards never span two tasks",
-    )  # fmt: skip
-    parser.add_argument("--workers", type=int, default=None, help="writer processes (default: number of CPUs)")
-    parser.add_argument(
-        "--scheduler", metavar="ADDRESS", default=None,
-        help="run on a Dask cluster: its scheduler's address, e.g. tcp://10.0.0.1:8786 (needs shardflow[dask])",
-    )  # fmt: skip
-    parser.add_argument("--no-resume", action="store_true", help="rewrite every shard instead of keeping finished ones")
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace a dataset DST already holds (default: refuse a DST that holds another dataset)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec storage option for a remote SRC or DST (repeatable)",
-    )
-
-
-def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:
-    """The :class:`~shardflow.convert.engine.ConvertOptions` of the shared shard options.
-
-    ``max_count`` overrides ``--max-count`` (a converter that picks the shard size itself).
-    """
-    from ..convert.engine import ConvertOptions
-
-    return ConvertOptions(
-        max_count=max_count if max_count is not None else args.max_count,
-        prefix=args.prefix,
-        max_bytes=args.max_bytes,
-        group_size=args.group_size,
-        workers=args.workers,
-        resume=not args.no_resume,
-        overwrite=args.overwrite,
-        storage_options=storage_options(args.storage_option),
-    )
-
-
-class _Progress:
-    """The progress callback given to a converter: ``progress(n)`` advances the bar, and
-    ``progress.kept(n)`` (called by the engine) counts the finished shards a re-run kept."""
-
-    def __init__(self, update: Callable[[int], Any]) -> None:
-        self.update = update
-        self.shards_kept = 0
-
-    def __call__(self, n: int) -> None:
-        self.update(n)
-
-    def kept(self, shards: int) -> None:
-        self.shards_kept += shards
-
-
-@contextmanager
-def dask_client(address: str | None) -> Iterator[Any]:
-    """A ``dask.distributed.Client`` connected to ``address`` (None: yield None, no Dask)."""
-    if address is None:
-        yield None
-        return
-    try:
-        from distributed import Client
-    except ImportError as e:
-        from ..errors import missing_dependency
-
-        raise missing_dependency("distributed", "dask", "--scheduler") from e
-    with Client(address) as client:
-        yield client
-
-
-def run_converter(
-    convert: Callable[[Callable[[int], None], Any], Any],
-    summary: Callable[[Any, float], str],
-    *,
-    args: argparse.Namespace,
-    desc: str,
-    unit: str,
-    total: int | None = None,
-) -> int:
-    """Run one converter under a progress bar and print its one-line summary.
-
-    Args:
-        convert: ``convert(progress, client)`` runs the conversion (on the Dask
-            cluster of ``client`` when it is not None) and returns its manifest.
-        summary: ``summary(manifest, seconds)`` is the line printed at the end;
-            a re-run that kept finished shards says how many.
-        args: the parsed arguments (``--scheduler``).
-        desc, unit, total: the progress bar's label, unit and total (None: unknown).
-
-    Returns:
-        The exit status, 0.
-    """
-    start = time.perf_counter()
-    with dask_client(args.scheduler) as client, progress_bar(desc, total, unit=unit) as update:
-        progress = _Progress(update)
-        manifest = convert(progress, client)
-    line = summary(manifest, time.perf_counter() - start)
-    if progress.shards_kept:
-        n = progress.shards_kept
-        line += f" (kept {n} finished shard{'s' if n != 1 else ''} of an earlier run)"
-    print(line)
-    return 0
-
-
-def _rate(n: int, seconds: float, unit: str) -> str:
-    return f"in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} {unit}/s)"
 
 
 # ------------------------------------------------------------------ imagefolder

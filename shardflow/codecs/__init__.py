@@ -358,6 +358,16 @@ def _dec_pickle(data: bytes, options: DecodeOptions) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)  # explicit user opt-in
 
 
+def _dec_plain_pickle(data: bytes, options: DecodeOptions) -> Any:
+    """A ``pickle``/``pkl`` field holds ``pickle.dumps`` bytes, which ``torch.load`` refuses
+    ("Invalid magic number"): ``pth``/``pt`` are torch's files, these plain pickles."""
+    if not options.allow_pickle:
+        return data
+    import pickle
+
+    return pickle.loads(data)  # explicit user opt-in
+
+
 for _ext in ("txt", "text"):
     register_codec(_ext, _enc_text, lambda d, o: d.decode("utf-8"))
 for _ext in ("cls", "cls2", "idx", "index", "label"):
@@ -368,5 +378,7 @@ for _ext in IMAGE_EXTENSIONS:
     register_codec(_ext, _enc_image, _dec_image)
 register_codec(IMAGE_FIELD, None, _dec_image)  # the alias: bytes of any image format
 register_codec("pyg", _enc_graph, _dec_graph)
-for _ext in ("pth", "pt", "pickle", "pkl"):
+for _ext in ("pth", "pt"):
     register_codec(_ext, None, _dec_pickle)
+for _ext in ("pickle", "pkl"):
+    register_codec(_ext, None, _dec_plain_pickle)

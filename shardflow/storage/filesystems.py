@@ -18,7 +18,9 @@ if TYPE_CHECKING:  # imported where a filesystem is made (not by local work)
 
 # pip extra of shardflow that installs each protocol's filesystem
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
-           "http": "http", "https": "http"}
+           "http": "http", "https": "http", "hf": "hf"}
+# the package of a protocol when fsspec's ImportError does not name it
+_PACKAGES = {"hf": "huggingface_hub"}
 # Keys of ``fs.info()`` that identify one version of an object.
 _VERSION_KEYS = (
     "size",
@@ -130,7 +132,7 @@ def filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem,
         return url_to_fs(url, **kwargs)
     except ImportError as exc:
         if proto in _EXTRAS:
-            raise missing_dependency(exc.name or proto, _EXTRAS[proto],
+            raise missing_dependency(exc.name or _PACKAGES.get(proto, proto), _EXTRAS[proto],
                                      f"reading {proto}:// URLs") from exc
         raise
 
