@@ -64,6 +64,15 @@ def test_pickle_fields_stay_bytes_unless_opted_in():
 
     data = pickle.dumps({"a": 1})
     assert decode_field("x.pkl", data, OPTS) == data
+    # opted in: a pickle/pkl field is pickle.dumps bytes (torch.load refused them: "Invalid magic number"),
+    # a pt/pth field what torch.save wrote
+    opted = DecodeOptions(allow_pickle=True)
+    assert decode_field("x.pkl", data, opted) == decode_field("pickle", data, opted) == {"a": 1}
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(3)}, buf)
+    assert decode_field("x.pt", buf.getvalue(), opted)["w"].tolist() == [0, 1, 2]
 
 
 def test_unknown_extension_keeps_bytes_and_encoding_lists_known():

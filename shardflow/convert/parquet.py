@@ -24,11 +24,13 @@ each, as the stream goes): the inputs of the conversion are *pieces*, ``(file,
 row group, first row, end row)``, grouped so that each input holds exactly
 ``max_count`` rows (the last one fewer), and each task writes one input (one
 shard; ``group_size`` counts inputs). Workers read their rows row group by row
-group, in batches of :data:`BATCH_ROWS` rows through a :data:`READ_BUFFER` byte
-read buffer, so a worker's memory holds one batch and one buffer per column,
-whatever the size of the files or of their row groups. A row group that two
-shards share is read by both. A re-run keeps the finished shards whose pieces,
-file sizes and modification times (ETags remotely) are unchanged.
+group, yielding :data:`BATCH_ROWS` rows at a time; pyarrow decodes a row
+group's selected columns whole, so a worker's memory holds one row group of
+those columns, whatever the size of the files (Hugging Face writes image
+datasets in row groups of 100 rows; docs/convert.md measures a file written as
+one large row group). A row group that two shards share is read by both. A
+re-run keeps the finished shards whose pieces, file sizes and modification
+times (ETags remotely) are unchanged.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ BATCH_ROWS = 128
 """Rows a worker decodes at once."""
 
 READ_BUFFER = 8 << 20
-"""Bytes of a column chunk a worker reads at once (pyarrow's ``buffer_size``)."""
+"""Bytes pyarrow reads from a file at once (its ``buffer_size``; a remote file is read in ranges this large)."""
 
 _KEY_WIDTH = 9
 _SPLIT_FILE = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}\.parquet$")
