@@ -108,3 +108,25 @@ def test_cli_scheduler_address(cluster, tmp_path: Path) -> None:
                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert local.returncode == 0, local.stderr
     assert folder_bytes(tmp_path / "d") == folder_bytes(tmp_path / "l")
+
+
+def test_parquet_and_lmdb_on_dask(cluster, tmp_path: Path) -> None:
+    """Both converters' tasks (row-group pieces; LMDB key ranges) run on Dask workers: same bytes."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("lmdb")
+    from shardflow.convert.lmdb import convert_lmdb
+    from shardflow.convert.parquet import convert_parquet
+    from tests.test_convert_lmdb import jpeg, make_lmdb
+    from tests.test_convert_parquet import hf_dataset
+
+    _, client = cluster
+    hf_dataset(tmp_path / "hf", sizes=(13, 9), row_group_size=4)
+    opts = ConvertOptions(max_count=5, workers=2)
+    convert_parquet(tmp_path / "hf", str(tmp_path / "pq-local"), options=opts)
+    convert_parquet(tmp_path / "hf", str(tmp_path / "pq-dask"), options=opts, client=client)
+    assert folder_bytes(tmp_path / "pq-dask") == folder_bytes(tmp_path / "pq-local")
+    make_lmdb(tmp_path / "db", {f"k{i:03d}".encode(): jpeg(i) for i in range(17)})
+    convert_lmdb(tmp_path / "db", str(tmp_path / "db-local"), options=opts)
+    convert_lmdb(tmp_path / "db", str(tmp_path / "db-dask"), options=opts, client=client)
+    assert folder_bytes(tmp_path / "db-dask") == folder_bytes(tmp_path / "db-local")
+    assert len([n for n in folder_bytes(tmp_path / "db-dask") if n.endswith(".tar")]) == 4
