@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["Seeder", "sample_seed", "sample_rng", "sample_generator", "current_seed", "GlobalRNGState"]
+__all__ = ["Seeder", "sample_seed", "batch_seed", "sample_rng", "sample_generator", "current_seed", "GlobalRNGState", "restoring"]
 
 _MASK32 = 0xFFFFFFFF
+T = TypeVar("T")
 _current: list[int | None] = [None]  # the seed of the sample or batch being prepared (None: outside one)
 
 
@@ -175,3 +177,27 @@ class GlobalRNGState:
         np.random.set_state(self._numpy)
         random.setstate(self._python)
         _current[0] = None
+
+
+def restoring(items: Iterator[T]) -> Iterator[T]:
+    """``items``, with the global generators put back after each item is made.
+
+    Every ``next()`` runs with the caller's generator states saved first and
+    restored before the item is handed over, so the seeding done while making it
+    (and the transform's draws) leave no trace in the consuming process. Closing
+    this generator closes ``items``.
+    """
+    try:
+        while True:
+            saved = GlobalRNGState()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                saved.restore()
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
