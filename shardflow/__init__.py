@@ -13,6 +13,8 @@ Public surface (see DESIGN.md §3):
 - :mod:`shardflow.config`: a pipeline in one YAML file (``shardflow.config.loader_from_config``).
 - :func:`map_fields`: per-field transforms (a torchvision transform for the ``image`` field);
   :mod:`shardflow.transforms` has it and a dependency-free ``Resize``.
+- :func:`sample_rng` / :func:`sample_generator`: numpy / torch generators seeded for the
+  sample a transform is preparing (see :mod:`shardflow.seeding`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = [
     "collate",
     "config",
     "map_fields",
+    "sample_rng",
+    "sample_generator",
     "transforms",
     "ShardflowError",
     "__version__",
@@ -54,6 +58,8 @@ _LAZY = {
     "ShardLoader": ("loading", "ShardLoader"),
     "collate": ("collation", "collate"),
     "map_fields": ("transforms", "map_fields"),
+    "sample_rng": ("seeding", "sample_rng"),
+    "sample_generator": ("seeding", "sample_generator"),
 }
 
 # modules reachable as attributes after a plain ``import shardflow``, as after ``import shardflow.config``

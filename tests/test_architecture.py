@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardflow"
 # layer of a module is that of its longest listed prefix ("shardflow" itself names only
 # the package's __init__, so that a new top-level module must be placed here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.world", "shardflow.state", "shardflow.expand")),
+    ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.world", "shardflow.state", "shardflow.expand", "shardflow.seeding")),
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),

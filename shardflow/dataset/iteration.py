@@ -20,6 +20,7 @@ from ..collation import takes_graph_records
 from ..errors import SampleError, ShardflowError
 from ..plan import shuffle_buffer, split_unsized, worker_batches
 from ..policy import ErrorPolicy
+from ..seeding import Seeder, restoring
 from ..state import ResumePoint
 from ..world import World, stable_seed
 
@@ -75,7 +76,8 @@ class Iteration:
     def _pipeline(self, world: World, epoch: int, ids: list[int], skip: int, policy: ErrorPolicy) -> tuple[Iterator[Any], list[int]]:
         """Compose the stages; returns (items, planned batch sizes)."""
         k = self.expand.count if self.expand is not None else 1
-        prepare = self._preparer(epoch, policy) if self.expand is not None else None
+        seeder = self._seeder(world, epoch)
+        prepare = self._preparer(epoch, policy, seeder) if self.expand is not None else None
         tagged = False  # __source__ set by the reader
         if self.sized:
             plan = self.plan(epoch, world.rank)
@@ -115,10 +117,14 @@ class Iteration:
             records = self._batching is not None and self.transform is None and takes_graph_records(self._batching.collate)
             items = reader.decode(items, self.decode, policy, records)
         if self.transform is not None:
-            items = reader.apply_transform(items, self.transform, policy)
+            items = reader.apply_transform(items, seeder.wrap(self.transform), policy)
         return items, sizes
 
-    def _preparer(self, epoch: int, policy: ErrorPolicy) -> Callable[[dict[str, Any]], list[Any] | None]:
+    def _seeder(self, world: World, epoch: int) -> Seeder:
+        """Seeds the global generators per sample and per batch (see :mod:`shardflow.seeding`)."""
+        return Seeder(self.seed, epoch, world.rank, self.sample_seeding)
+
+    def _preparer(self, epoch: int, policy: ErrorPolicy, seeder: Seeder) -> Callable[[dict[str, Any]], list[Any] | None]:
         """Select, decode and expand one raw sample into its items (one-to-many samples)."""
         expand = self.expand
         wanted = reader.wanted_fields(self.fields) if self.fields is not None else None
@@ -138,6 +144,7 @@ class Iteration:
                 return None
             rng = np.random.Generator(np.random.PCG64(stable_seed("expand", seed, epoch, s["__key__"])))
             try:
+                seeder.sample(s["__key__"])
                 items = list(expand.fn(s, rng))
                 if len(items) != expand.count:
                     raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
@@ -163,6 +170,8 @@ class Iteration:
         self, world: World, epoch: int, ids: list[int], skip: int, policy: ErrorPolicy, progress: list[Any], in_main: bool
     ) -> Iterator[Any]:
         items, _ = self._pipeline(world, epoch, ids, skip, policy)
+        if in_main and self.sample_seeding and (self.transform is not None or self.expand is not None):
+            items = restoring(items)  # the training loop's generators stay where it left them
         stats = policy.stats
         try:
             for item in items:
@@ -185,9 +194,14 @@ class Iteration:
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
         items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
         counted = count_good(items, policy)
+        seeder = self._seeder(world, epoch)
         try:
             if self.sized:
-                for index, batch in reader.batched(counted, sizes, b.collate):
+                def seed_batch(index: int) -> None:
+                    seeder.batch(ids[index])
+
+                batches = reader.batched(counted, sizes, b.collate, seed_batch)
+                for index, batch in (restoring(batches) if self.sample_seeding else batches):
                     yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
             else:
                 n = skip
@@ -196,6 +210,7 @@ class Iteration:
                     full = len(group) == b.batch_size
                     group = [x for x in group if x is not None]
                     if group and (full or not b.drop_last):
+                        seeder.batch(n)
                         yield WorkerItem(world.worker, n, b.collate(group), policy.snapshot())
                     n += 1
                     if not full:

@@ -125,6 +125,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         io: storage.IOOptions | None = None,
         max_pixels: int | None = None,
         expand: Expand | None = None,
+        sample_seeding: bool = True,
     ) -> None:
         super().__init__()
         io = storage.io_options(io, storage_options)
@@ -149,6 +150,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             self.decode = DecodeOptions(**{**asdict(self.decode or DecodeOptions(image=None)), "max_pixels": max_pixels})
         preload(self.decode)  # here, once: DataLoader workers forked later inherit the decoders
         self.seed = int(seed)
+        self.sample_seeding = bool(sample_seeding)
         self.fields = tuple(fields) if fields is not None else None
         if isinstance(fields, str):
             raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")

@@ -121,7 +121,9 @@ def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sampl
 _END = object()
 
 
-def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[Any]], Any]) -> Iterator[tuple[int, Any]]:
+def batched(
+    items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[Any]], Any], before: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, Any]]:
     """Group items into batches of the planned sizes, dropping Nones.
 
     Yields ``(index, batch)`` for every planned batch, ``index`` its number in
@@ -129,6 +131,7 @@ def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[
     were dropped (``on_error="skip"``) is shorter, and one whose samples were
     *all* dropped is ``(index, None)`` (the loader repeats a neighbouring batch
     in its place, so every DDP rank still takes the same number of steps).
+    ``before(index)``, when given, runs just before ``collate`` (the batch's seeding).
     """
     for index, size in enumerate(sizes):
         group = []
@@ -138,4 +141,6 @@ def batched(items: Iterator[Any], sizes: Sequence[int], collate: Callable[[list[
                 break
             if item is not None:
                 group.append(item)
+        if group and before is not None:
+            before(index)
         yield index, (collate(group) if group else None)

@@ -1,0 +1,175 @@
+"""Randomness keyed by the sample (DESIGN.md §10): a per-sample transform's draws from
+torch's, numpy's and Python's global generators depend on (seed, epoch, key) alone,
+not on the worker count, a rerun or a resume; a collate_fn's on (seed, epoch, rank, batch).
+
+The reference for every draw is the generator seeded by hand with the documented seed
+(``shardflow.seeding.sample_seed``), not another run of the loader.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shardflow import ShardDataset
+from shardflow.collation import collate
+from shardflow.loading import loader as make_loader
+from shardflow.seeding import batch_seed, sample_generator, sample_rng, sample_seed
+from tests.helpers import make_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SEED = 7
+N = 240
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("seeding"), [40] * 6)
+
+
+def draw(sample: dict[str, Any]) -> dict[str, Any]:
+    """The issue's transform: one draw from each global generator, kept in the sample."""
+    sample["t"] = float(torch.rand(()))
+    sample["n"] = float(np.random.rand())
+    sample["p"] = random.random()
+    return sample
+
+
+def expected(key: str, epoch: int) -> tuple[float, float, float]:
+    """The draws of ``draw`` for ``key``, from generators seeded by hand as documented."""
+    s = sample_seed(SEED, epoch, key)
+    g = torch.Generator()
+    g.manual_seed(s)
+    return (float(torch.rand((), generator=g)), float(np.random.RandomState(s & 0xFFFFFFFF).random_sample()),
+            random.Random(s).random())
+
+
+def draws_by_key(batches: list[dict[str, Any]]) -> dict[str, tuple[float, float, float]]:
+    out: dict[str, tuple[float, float, float]] = {}
+    for b in batches:
+        for k, t, n, p in zip(b["__key__"], b["t"].tolist(), b["n"].tolist(), b["p"].tolist()):
+            assert k not in out, f"key {k} twice in one epoch"
+            out[k] = (t, n, p)
+    return out
+
+
+def epoch_batches(data: Path, workers: int, epoch: int = 0, **kw: Any) -> list[dict[str, Any]]:
+    ds = ShardDataset(data, shuffle=True, seed=SEED, transform=draw, **kw)
+    ds.set_epoch(epoch)
+    return list(make_loader(ds, batch_size=BATCH, num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_draws_what_its_seed_gives(data: Path, workers: int) -> None:
+    got = draws_by_key(epoch_batches(data, workers))
+    assert len(got) == N
+    same = sum(got[k] == pytest.approx(expected(k, 0), abs=0, rel=0) for k in got)
+    assert same == N
+
+
+def test_zero_and_two_workers_and_a_rerun_draw_the_same(data: Path) -> None:
+    zero = draws_by_key(epoch_batches(data, 0))
+    two = draws_by_key(epoch_batches(data, 2))
+    again = draws_by_key(epoch_batches(data, 2))
+    assert sum(zero[k] == two[k] for k in zero) == N
+    assert sum(two[k] == again[k] for k in two) == N
+
+
+def test_draws_differ_between_epochs(data: Path) -> None:
+    e0 = draws_by_key(epoch_batches(data, 0, epoch=0))
+    e1 = draws_by_key(epoch_batches(data, 0, epoch=1))
+    assert sum(e0[k][0] == e1[k][0] for k in e0) == 0
+    assert all(e1[k] == expected(k, 1) for k in e1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_epoch_draws_what_the_uninterrupted_one_did(data: Path, workers: int) -> None:
+    whole = draws_by_key(epoch_batches(data, workers))
+    ds = ShardDataset(data, shuffle=True, seed=SEED, transform=draw)
+    ld = make_loader(ds, batch_size=BATCH, num_workers=workers)
+    it = iter(ld)
+    for _ in range(11):  # 88 samples taken, 152 left
+        next(it)
+    state = ld.state_dict()
+    del it
+    ds2 = ShardDataset(data, shuffle=True, seed=SEED, transform=draw)
+    ld2 = make_loader(ds2, batch_size=BATCH, num_workers=workers)
+    ld2.load_state_dict(state)
+    rest = draws_by_key(list(ld2))
+    assert len(rest) == N - 11 * BATCH == 152
+    assert sum(rest[k] == whole[k] for k in rest) == 152
+
+
+def test_sample_rng_and_generator_follow_the_sample(data: Path) -> None:
+    def explicit(sample: dict[str, Any]) -> dict[str, Any]:
+        sample["n"] = float(sample_rng().random())
+        sample["t"] = float(torch.rand((), generator=sample_generator()))
+        return sample
+
+    for workers in (0, 2):
+        ds = ShardDataset(data, shuffle=True, seed=SEED, transform=explicit)
+        for b in make_loader(ds, batch_size=BATCH, num_workers=workers):
+            for k, n, t in zip(b["__key__"], b["n"].tolist(), b["t"].tolist()):
+                s = sample_seed(SEED, 0, k)
+                g = torch.Generator()
+                g.manual_seed(s)
+                assert n == np.random.Generator(np.random.PCG64(s)).random()
+                assert t == float(torch.rand((), generator=g))
+
+
+def test_sample_rng_outside_a_transform_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="inside a per-sample transform"):
+        sample_rng()
+
+
+def noisy_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    batch = collate(samples)
+    batch["mix"] = float(torch.rand(()))  # MixUp-style: one draw per batch
+    return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_collate_draws_follow_rank_and_batch_index(data: Path, workers: int) -> None:
+    ds = ShardDataset(data, shuffle=True, seed=SEED)
+    got = [b["mix"] for b in make_loader(ds, batch_size=BATCH, num_workers=workers, collate_fn=noisy_collate)]
+    assert len(got) == N // BATCH
+    want = []
+    for i in range(N // BATCH):
+        g = torch.Generator()
+        g.manual_seed(batch_seed(SEED, 0, 0, i))
+        want.append(float(torch.rand((), generator=g)))
+    assert got == want
+
+
+def identity(sample: dict[str, Any]) -> dict[str, Any]:
+    return sample
+
+
+def global_states_after(data: Path, transform: Any, sample_seeding: bool) -> tuple[float, float, float]:
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    ds = ShardDataset(data, shuffle=True, seed=SEED, transform=transform, sample_seeding=sample_seeding)
+    assert len(list(make_loader(ds, batch_size=BATCH, num_workers=0))) == N // BATCH
+    return (float(torch.rand(())), float(np.random.rand()), random.random())
+
+
+def test_the_training_loops_generators_are_left_as_they_were(data: Path) -> None:
+    """With num_workers=0 the samples are prepared in this process: seeding them (and
+    their draws) must leave the generators the training loop draws from (dropout, init)
+    where a loader that neither seeds nor draws leaves them."""
+    assert global_states_after(data, draw, True) == global_states_after(data, identity, False)
+
+
+def test_seeding_can_be_turned_off(data: Path) -> None:
+    """sample_seeding=False: the transform draws from the generators as they are."""
+    got = draws_by_key(epoch_batches(data, 0, sample_seeding=False))
+    assert len(got) == N
+    assert sum(got[k][0] == expected(k, 0)[0] for k in got) == 0
