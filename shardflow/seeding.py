@@ -20,6 +20,7 @@ both are seeded from the same per-sample seed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterator
@@ -109,6 +110,7 @@ class Seeder:
         if not self.enabled:
             return fn
 
+        @functools.wraps(fn)  # errors name the user's transform, not this wrapper
         def seeded(sample: Any) -> Any:
             self.sample(sample["__key__"])
             try:
