@@ -92,9 +92,10 @@ class FrameTable:
 
     def frames_for(self, lo: int, hi: int) -> tuple[int, int]:
         """``(first, stop)``: the frames ``[first, stop)`` that hold the tar bytes ``[lo, hi)``."""
-        first = int(np.searchsorted(self.plain, lo, side="right")) - 1
+        last = len(self.plain) - 2  # the last frame
+        first = min(max(int(np.searchsorted(self.plain, lo, side="right")) - 1, 0), last)
         stop = int(np.searchsorted(self.plain, hi, side="left"))
-        return max(first, 0), max(stop, first + 1)
+        return first, min(max(stop, first + 1), last + 1)
 
     def encode(self) -> bytes:
         """The table as ``.npy`` bytes (int64, shape (frames + 1, 2))."""
