@@ -18,11 +18,14 @@ from typing import Any, BinaryIO
 from . import storage
 from .errors import SampleError
 from .format.frames import FRAME_BYTES, FRAMES_SUFFIX, FrameWriter
-from .format.manifest import COMPRESSIONS, ShardInfo, encode_offsets
+from .format.manifest import ShardInfo, encode_offsets
 from .format.tar import END_OF_ARCHIVE, sample_parts
 from .storage.urls import local_path
 
-__all__ = ["ShardFile", "WRITE_CHUNK"]
+__all__ = ["ShardFile", "WRITE_CHUNK", "COMPRESSIONS"]
+
+COMPRESSIONS = ("zstd",)
+"""The ``compression`` a shard can be written with (None: a plain tar)."""
 
 WRITE_CHUNK = 1 << 20  # bytes a shard buffers before writing, hashing and starting their writeback
 

@@ -44,6 +44,7 @@ __all__ = [
     "decode_frames",
     "framed_chunks",
     "read_framed",
+    "table_of_frames",
 ]
 
 FRAME_BYTES = 256 << 10
@@ -146,6 +147,31 @@ def decode_frames(data: bytes, url: str, stored_size: int, limits: Limits) -> Fr
         raise FrameTableError(f"{url}: frame table declares {int(plain[-1])} tar bytes in {int(stored[-1])} "
                               f"compressed, more than Limits.max_compression_ratio={limits.max_compression_ratio}")
     return FrameTable(plain, stored)
+
+
+def table_of_frames(frames: list[tuple[int, int]], end: int) -> FrameTable | None:
+    """The frame table of a zstd stream whose frames a :class:`~shardflow.format.compression.ZstdFrames`
+    walk saw, or None when it cannot have one.
+
+    A stream has one when its data frames start at byte 0, follow each other
+    with nothing between them, each declares its content size, and only
+    skippable frames (such as the seekable format's seek table) come after
+    them. The table is not checked against the limits (see :func:`decode_frames`).
+
+    Args:
+        frames: ``ZstdFrames.frames`` of the whole stream.
+        end: the stream's size in bytes.
+    """
+    data = 0
+    while data < len(frames) and frames[data][1] != -2:
+        data += 1
+    if not data or frames[0][0] != 0 or any(size < 0 for _, size in frames[:data]):
+        return None
+    if any(size != -2 for _, size in frames[data:]):  # a data frame after a skippable one
+        return None
+    stop = frames[data][0] if data < len(frames) else end
+    plain = np.cumsum([0] + [size for _, size in frames[:data]], dtype=np.int64)
+    return FrameTable(plain, np.asarray([start for start, _ in frames[:data]] + [stop], np.int64))
 
 
 def _unframe(frame: bytes, want: int, url: str, index: int, dctx) -> bytes:  # noqa: ANN001 - a ZstdDecompressor

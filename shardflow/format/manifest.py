@@ -48,8 +48,9 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "shardflow.json"
-COMPRESSIONS = ("zstd",)
-"""The ``compression`` values a shard entry may have (None: a plain tar)."""
+COMPRESSIONS = ("zstd", "gzip")
+"""The ``compression`` values a shard entry may have (None: a plain tar); shardflow writes
+``"zstd"``, ``shardflow index`` records either."""
 FORMAT_VERSION = 1
 JOURNAL_SUFFIX = ".journal"
 """A writer's journal of finished shards is ``shardflow.json.journal`` beside the shards."""
@@ -69,8 +70,9 @@ class ShardInfo:
             (samples, C), columns named by the manifest's ``meta["size_columns"]``,
             e.g. ``num_nodes``/``num_edges`` for graphs), or None. Used to batch
             by cost.
-        compression: ``"zstd"`` for a shard written compressed (``.tar.zst``
-            in independent frames), None for a plain tar.
+        compression: ``"zstd"`` for a ``.tar.zst`` shard (written by shardflow
+            in independent frames, or indexed), ``"gzip"`` for an indexed
+            ``.tar.gz``, None for a plain tar.
         frames: relative path of the frame table ``.npy`` of a framed zstd
             shard (see :mod:`shardflow.format.frames`), or None. The offset
             index then holds tar (uncompressed) offsets.
