@@ -422,3 +422,45 @@ def test_cli_convert_compression_zstd(tmp_path: Path) -> None:
         ("train-000000.tar.zst", 25, "zstd"), ("train-000001.tar.zst", 15, "zstd")]
     got = {s["__key__"]: s["jpg"] for s in ShardDataset(tmp_path / "out", decode=None)}
     assert got == {f"c{i % 2}/{i:04d}": JPEGS[i] for i in range(40)}
+
+
+# ------------------------------------------------------------------ remote: only the frames needed cross the link
+
+
+def test_remote_rank_and_random_access_fetch_only_their_frames(http_server: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardflow import stages
+
+    # remote gaps under REMOTE_SEEK_BYTES (4 MiB of stored bytes) are read through, not seeked over:
+    # this shard is smaller, so let rank 1 seek as it would past a larger gap
+    monkeypatch.setattr(stages, "REMOTE_SEEK_BYTES", 1)
+    srv = http_server
+    n = 400
+    folder = tmp_path / "one"
+    with ShardWriter(str(folder / "one-%06d.tar"), max_count=n, compression="zstd") as w:
+        for i in range(n):
+            w.write(_sample(i))
+    for p in sorted(folder.iterdir()):
+        srv.put(p.name, p.read_bytes())
+    table = np.load(folder / "one-000000.tar.zst.frames.npy")
+    offsets = np.load(folder / "one-000000.tar.zst.idx.npy")
+    sidecars = sum((folder / f).stat().st_size for f in ("shardflow.json", "one-000000.tar.zst.idx.npy",
+                                                          "one-000000.tar.zst.frames.npy"))
+    plain, stored = table[:, 0], table[:, 1]
+    mid = int(np.searchsorted(plain, offsets[n // 2], side="right")) - 1
+
+    srv.reset_stats()
+    got = _raw(ShardDataset(srv.url, rank=1, world_size=2, decode=None))
+    assert got == _raw(ShardDataset(folder, rank=1, world_size=2, decode=None))
+    assert [k for k, _, _ in got] == [_sample(i)["__key__"] for i in range(n // 2, n)]
+    assert srv.stats.gets_by_path["one-000000.tar.zst"] == 1  # one streaming GET of its frames
+    # over the link: the sidecars, plus the frames from the one holding rank 1's first sample on
+    assert srv.stats.body_bytes == sidecars + int(stored[-1] - stored[mid])
+
+    ds = IndexedShardDataset(srv.url, decode=None)
+    ds[0]  # the sidecars, once
+    srv.reset_stats()
+    i = n - 3
+    f = int(np.searchsorted(plain, offsets[i], side="right")) - 1
+    assert ds[i]["jpg"] == JPEGS[i]
+    assert srv.stats.gets_by_path == {"one-000000.tar.zst": 1} and srv.stats.body_bytes == stored[f + 1] - stored[f]
