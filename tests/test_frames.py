@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 import shardflow
@@ -464,3 +466,46 @@ def test_remote_rank_and_random_access_fetch_only_their_frames(http_server: Any,
     f = int(np.searchsorted(plain, offsets[i], side="right")) - 1
     assert ds[i]["jpg"] == JPEGS[i]
     assert srv.stats.gets_by_path == {"one-000000.tar.zst": 1} and srv.stats.body_bytes == stored[f + 1] - stored[f]
+
+
+# ------------------------------------------------------------------ property: any range, any chunking
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3 * FRAME_BYTES // 2), min_size=1, max_size=12), data=st.data())
+def test_any_tar_range_reads_back_through_the_frames(sizes: list[int], data: Any) -> None:
+    from shardflow.format.frames import FrameWriter, framed_chunks, read_framed
+
+    rng = np.random.default_rng(len(sizes))
+    w = FrameWriter("mem")
+    tar, stored = [], []
+    for n in sizes:  # a "sample": random bytes, half of them compressible
+        piece = rng.integers(0, 4, n, dtype=np.uint8).tobytes()
+        tar.append(piece)
+        stored.append(w.add(piece))
+        stored.append(w.sample_end())
+    stored.append(w.finish())
+    plain, blob, table = b"".join(tar), b"".join(stored), w.table
+    assert table.size == len(plain) and _unzstd_bytes(blob) == plain
+    lo = data.draw(st.integers(0, len(plain)))
+    hi = data.draw(st.integers(lo, len(plain)))
+    limits = Limits()
+    assert read_framed(lambda a, b: blob[a:b], "mem", lo, hi, table, limits) == plain[lo:hi]
+    first, stop = table.frames_for(lo, hi)
+    part = blob[table.stored[first] : table.stored[stop]]
+    cut = sorted(data.draw(st.lists(st.integers(0, len(part)), max_size=6)))
+    chunks = [part[a:b] for a, b in zip([0, *cut], [*cut, len(part)]) if b > a]
+    assert b"".join(framed_chunks(iter(chunks), "mem", lo, hi, table, limits)) == plain[lo:hi]
+
+
+def _unzstd_bytes(blob: bytes) -> bytes:
+    return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob), read_across_frames=True).read()
+
+
+def test_the_same_samples_give_byte_identical_shards(tmp_path: Path) -> None:
+    for run in ("a", "b"):
+        with ShardWriter(str(tmp_path / run / "s-%06d.tar"), max_count=200, compression="zstd") as w:
+            for i in range(300):
+                w.write(_sample(i))
+    for name in sorted(p.name for p in (tmp_path / "a").iterdir()):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
