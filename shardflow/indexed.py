@@ -28,7 +28,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ class _Shard:
     offsets: np.ndarray
     fd: int | None
     frames: FrameTable | None = None
+    memo: dict[int, bytes] = field(default_factory=dict)  # the last frame decompressed (framed shards)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -287,7 +288,8 @@ class IndexedShardDataset(Dataset):
         if entry.frames is not None:
             fd = entry.fd
             data = storage.read_framed_range(url, start, end, entry.frames, self.io,
-                                             read=None if fd is None else lambda a, b: os.pread(fd, b - a, a))
+                                             read=None if fd is None else lambda a, b: os.pread(fd, b - a, a),
+                                             memo=entry.memo)
         elif entry.fd is not None:
             data = os.pread(entry.fd, end - start, start)
         else:

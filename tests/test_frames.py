@@ -213,6 +213,13 @@ def test_random_access_reads_one_frame(pair: tuple[Path, Path], monkeypatch: pyt
     monkeypatch.setattr(os, "pread", pread)
     assert ds[PER_SHARD + 200]["jpg"] == JPEGS[PER_SHARD + 200]
     assert len(reads) == 1 and tuple(reads[0]) in set(zip(table[:-1, 1].tolist(), table[1:, 1].tolist()))
+    # samples in order: one read (and one decompression) per frame, not per sample
+    offsets = np.load(packed / "train-000001.tar.zst.idx.npy")
+    frame_of = np.searchsorted(table[:, 0], offsets[:-1], side="right") - 1
+    reads.clear()
+    assert [ds[PER_SHARD + j]["jpg"] for j in range(PER_SHARD)] == JPEGS[PER_SHARD : 2 * PER_SHARD]
+    spans = {(int(table[f, 1]), int(table[f + 1, 1])) for f in frame_of}
+    assert sorted(reads) == sorted(spans) and len(spans) > 1  # each frame once
 
 
 def test_resume_exact_and_equal_to_the_plain_epoch(pair: tuple[Path, Path]) -> None:

@@ -203,7 +203,7 @@ def _decompressor(limits: Limits, url: str):  # noqa: ANN202 - a ZstdDecompresso
 
 
 def read_framed(read: Callable[[int, int], bytes], url: str, lo: int, hi: int, table: FrameTable,
-                limits: Limits) -> bytes:
+                limits: Limits, memo: dict[int, bytes] | None = None) -> bytes:
     """The tar bytes ``[lo, hi)`` of a framed shard, decompressing only the frames that hold them.
 
     Args:
@@ -212,6 +212,10 @@ def read_framed(read: Callable[[int, int], bytes], url: str, lo: int, hi: int, t
         lo, hi: uncompressed (tar) offsets, ``0 <= lo <= hi <= table.size``.
         table: the shard's frame table.
         limits: see :func:`decode_frames`.
+        memo: the last decompressed frame of this shard (frame number -> tar
+            bytes, one entry, frames of at most :data:`FRAME_CAP` bytes), kept
+            by the caller: samples read in order then cost one read and one
+            decompression per frame, not per sample.
 
     Returns:
         ``hi - lo`` bytes, fewer if the shard is cut short.
@@ -221,6 +225,10 @@ def read_framed(read: Callable[[int, int], bytes], url: str, lo: int, hi: int, t
         ShardFormatError: corrupt zstd data.
     """
     first, stop = table.frames_for(lo, hi)
+    held = memo.get(first) if memo is not None and stop == first + 1 else None
+    if held is not None:
+        at = int(table.plain[first])
+        return held[lo - at : hi - at]
     base = int(table.stored[first])
     data = memoryview(read(base, int(table.stored[stop])))
     dctx = _decompressor(limits, url)
@@ -230,6 +238,9 @@ def read_framed(read: Callable[[int, int], bytes], url: str, lo: int, hi: int, t
         if b > len(data):  # the shard ends early: what it holds (the tar reader reports the cut)
             break
         tar = _unframe(data[a:b], int(table.plain[frame + 1] - table.plain[frame]), url, frame, dctx)
+        if memo is not None and len(tar) <= FRAME_CAP:
+            memo.clear()
+            memo[frame] = tar
         at = int(table.plain[frame])
         out.append(tar[max(lo - at, 0) : max(hi - at, 0)] if (lo > at or hi < at + len(tar)) else tar)
     return out[0] if len(out) == 1 else b"".join(out)

@@ -52,12 +52,15 @@ def open_framed(url: str, lo: int, hi: int, table: FrameTable, options: IOOption
 
 
 def read_framed_range(url: str, lo: int, hi: int, table: FrameTable, options: IOOptions = DEFAULT_OPTIONS,
-                      read: Callable[[int, int], bytes] | None = None) -> bytes:
+                      read: Callable[[int, int], bytes] | None = None,
+                      memo: dict[int, bytes] | None = None) -> bytes:
     """The tar bytes ``[lo, hi)`` of a framed zstd shard in one ranged read (random access).
 
     Args:
         read: ``read(start, end)`` of the stored bytes (e.g. a ``pread`` on an
             open descriptor); default :func:`~shardflow.storage.read_range`.
+        memo: the shard's last decompressed frame, kept by the caller (see
+            :func:`~shardflow.format.frames.read_framed`).
 
     Raises:
         as :func:`open_framed` and :func:`~shardflow.storage.read_range`.
@@ -66,4 +69,4 @@ def read_framed_range(url: str, lo: int, hi: int, table: FrameTable, options: IO
     if read is None:
         def read(start: int, end: int) -> bytes:
             return read_range(url, start, end, options)
-    return read_framed(read, url, lo, hi, table, options.limits)
+    return read_framed(read, url, lo, hi, table, options.limits, memo)
