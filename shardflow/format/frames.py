@@ -277,10 +277,11 @@ def framed_chunks(chunks: Iterator[bytes], url: str, lo: int, hi: int, table: Fr
             buf += chunk
             while frame < stop and len(buf) >= int(table.stored[frame + 1] - table.stored[frame]):
                 n = int(table.stored[frame + 1] - table.stored[frame])
-                out = _unframe(bytes(buf[:n]), int(table.plain[frame + 1] - table.plain[frame]), url, frame, dctx)
+                with memoryview(buf) as view, view[:n] as stored:  # (released before buf is resized)
+                    out = _unframe(stored, int(table.plain[frame + 1] - table.plain[frame]), url, frame, dctx)
                 del buf[:n]
-                base = int(table.plain[frame])
-                piece = out[max(lo - base, 0) : max(hi - base, 0)]
+                at = int(table.plain[frame])
+                piece = out[max(lo - at, 0) : max(hi - at, 0)] if (lo > at or hi < at + len(out)) else out
                 frame += 1
                 if piece:
                     yield piece
