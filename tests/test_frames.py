@@ -438,11 +438,11 @@ def test_cli_convert_compression_zstd(tmp_path: Path) -> None:
 
 def test_remote_rank_and_random_access_fetch_only_their_frames(http_server: Any, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardflow import stages
+    from shardflow.reader import runs
 
     # remote gaps under REMOTE_SEEK_BYTES (4 MiB of stored bytes) are read through, not seeked over:
     # this shard is smaller, so let rank 1 seek as it would past a larger gap
-    monkeypatch.setattr(stages, "REMOTE_SEEK_BYTES", 1)
+    monkeypatch.setattr(runs, "REMOTE_SEEK_BYTES", 1)
     srv = http_server
     n = 400
     folder = tmp_path / "one"
