@@ -417,6 +417,15 @@ def test_verify_and_inspect(pair: tuple[Path, Path], tmp_path: Path) -> None:
     assert problems[0].shard.endswith("train-000001.tar.zst") and "frame 0 declares" in problems[0].message
 
 
+def test_head_spread_reads_the_same_samples(pair: tuple[Path, Path]) -> None:
+    from shardflow.inspect import head
+
+    plain, packed = pair
+    got = [(s["__key__"], s["jpg"]) for s in head(str(packed), 9, spread=True)]
+    assert got == [(s["__key__"], s["jpg"]) for s in head(str(plain), 9, spread=True)]
+    assert [k for k, _ in got] == [_sample(i * IMAGES // 9)["__key__"] for i in range(9)]
+
+
 def test_cli_convert_compression_zstd(tmp_path: Path) -> None:
     from shardflow.cli import main
 
