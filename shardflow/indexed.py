@@ -5,7 +5,10 @@ the same order as ``ShardDataset(shuffle=False)``) is found through the
 manifest's sample counts and its shard's offset index (the ``.npy`` beside the
 shard: sample ``j`` spans bytes ``[idx[j], idx[j+1])``), then read with one
 ranged read and parsed as a tar sample. So random access costs one read per
-sample, local or remote, however large the shard.
+sample, local or remote, however large the shard. A framed ``.tar.zst`` shard
+(written with ``compression="zstd"``) is read the same way through its frame
+table: one ranged read of the frames that hold the sample (usually one, of a
+few hundred KiB), decompressed.
 
 Handles. The offset indexes of the ``max_open`` most recently used shards are
 kept (least recently used evicted), and for local shards an open file
@@ -25,7 +28,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +38,7 @@ from . import storage
 from .codecs import DecodeOptions, decode_field
 from .dataset import check_picklable_transform
 from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
+from .format.frames import FrameTable
 from .format.tar import iter_samples
 from .source import ShardSet, resolve_source
 from .storage.urls import SHARD_SUFFIXES
@@ -53,6 +57,8 @@ class _Shard:
 
     offsets: np.ndarray
     fd: int | None
+    frames: FrameTable | None = None
+    memo: dict[int, bytes] = field(default_factory=dict)  # the last frame decompressed (framed shards)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -107,8 +113,9 @@ class IndexedShardDataset(Dataset):
     Raises:
         ManifestError: no manifest (so no sample counts), or shards the manifest
             lists without an offset index: run ``shardflow index`` on them.
-        ShardFormatError: a shard is compressed (``.tar.gz``, ``.tar.zst``):
-            random access needs plain ``.tar`` shards.
+        ShardFormatError: a shard is compressed (``.tar.gz``, ``.tar.zst``)
+            without a frame table: random access needs plain ``.tar`` shards
+            or framed ``.tar.zst`` ones (``compression="zstd"``).
         FileNotFoundError: the source lists no shard.
         ValueError: ``max_open < 1``, or both ``io`` and ``storage_options``.
     """
@@ -141,7 +148,8 @@ class IndexedShardDataset(Dataset):
                 "so samples cannot be addressed by index; run `shardflow index` on the shards to write the "
                 "manifest and offset indexes"
             )
-        compressed = [u for u in self.source.urls if u.lower().endswith(_COMPRESSED_SUFFIXES)]
+        compressed = [u for u, info in zip(self.source.urls, manifest.shards)
+                      if u.lower().endswith(_COMPRESSED_SUFFIXES) and not info.frames]
         if compressed:
             raise ShardFormatError(_compressed_message(compressed[0], len(compressed)), reason="compressed_shard")
         missing = [u for u, ix in zip(self.source.urls, self.source.index_urls) if ix is None]
@@ -227,6 +235,9 @@ class IndexedShardDataset(Dataset):
             raise storage.ShardNotFoundError(f"shard not found: {url}") from e
         entry = _Shard(offsets, fd)
         try:
+            entry.frames = self.source.load_frames(shard, self.io)
+            if entry.frames is not None:
+                return entry
             head = os.pread(fd, 4, 0) if fd is not None else storage.read_range(url, 0, 4, self.io)
         except BaseException:
             entry.close()
@@ -274,7 +285,12 @@ class IndexedShardDataset(Dataset):
         url = self.source.urls[shard]
         entry = self._shard(shard)
         start, end = int(entry.offsets[local]), int(entry.offsets[local + 1])
-        if entry.fd is not None:
+        if entry.frames is not None:
+            fd = entry.fd
+            data = storage.read_framed_range(url, start, end, entry.frames, self.io,
+                                             read=None if fd is None else lambda a, b: os.pread(fd, b - a, a),
+                                             memo=entry.memo)
+        elif entry.fd is not None:
             data = os.pread(entry.fd, end - start, start)
         else:
             data = storage.read_range(url, start, end, self.io)

@@ -4,6 +4,13 @@ Shards from anywhere (webdataset, ``tar`` of a sorted folder) get the same
 guarantees as shardflow's own once they have a manifest: exact per-rank
 splits, seeking, random access. Indexing reads every shard once, computing its
 sample count, size, SHA-256 and offset index.
+
+Compressed shards: the manifest records ``"compression"``. A ``.tar.zst``
+whose zstd frames each declare their content size and follow each other
+(shardflow's own, or any seekable-format writer's that records sizes) gets a
+frame table beside its offset index and seeks like a ``.tar``; others
+(``.tar.gz``, a single frame larger than ``Limits.max_frame_bytes``) get no
+offset index and stream whole.
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import storage
+from .errors import ManifestError
+from .format.compression import GZIP_MAGIC, ZSTD_MAGIC, ZstdFrames
+from .format.frames import FRAMES_SUFFIX, decode_frames, table_of_frames
 from .format.keys import codec_extension
 from .format.manifest import MANIFEST_NAME, Manifest, ShardInfo, encode_offsets
 from .format.tar import scan_shard
@@ -26,8 +36,14 @@ __all__ = ["index_shards"]
 log = logging.getLogger(__name__)
 
 
-def _hashing(chunks: Iterator[bytes], sha: Any, size: list[int]) -> Iterator[bytes]:
+def _hashing(chunks: Iterator[bytes], sha: Any, size: list[int], walk: list[ZstdFrames | None],
+             url: str) -> Iterator[bytes]:
+    """The chunks, hashed and counted; a zstd stream's frames walked too (``walk[0]``)."""
     for c in chunks:
+        if not size[0]:
+            walk.append(ZstdFrames(url) if c[:4] == ZSTD_MAGIC else None)
+        if walk[0] is not None:
+            walk[0].feed(memoryview(c))
         sha.update(c)
         size[0] += len(c)
         yield c
@@ -36,27 +52,41 @@ def _hashing(chunks: Iterator[bytes], sha: Any, size: list[int]) -> Iterator[byt
 def _index_one(url: str, out: str, io: storage.IOOptions) -> tuple[ShardInfo, dict[str, int]]:
     sha = hashlib.sha256()
     size = [0]
-    raw = _hashing(storage.iter_chunks(url, 0, None, io), sha, size)
-    compressed = []
+    walk: list[ZstdFrames | None] = []
+    raw = _hashing(storage.iter_chunks(url, 0, None, io), sha, size, walk, url)
+    first = next(raw, b"")
+    compression = "zstd" if first[:4] == ZSTD_MAGIC else "gzip" if first[:2] == GZIP_MAGIC else None
 
-    def detect(chunks: Iterator[bytes]) -> Iterator[bytes]:
-        first = next(chunks, b"")
-        compressed.append(first[:2] == b"\x1f\x8b" or first[:4] == b"\x28\xb5\x2f\xfd")
+    def again(chunks: Iterator[bytes]) -> Iterator[bytes]:
         if first:
             yield first
         yield from chunks
 
-    keys, offsets, fields = scan_shard(storage.decompressing_chunks(detect(raw), url), url, limits=io.limits)
+    keys, offsets, fields = scan_shard(storage.decompressing_chunks(again(raw), url), url, limits=io.limits)
     for _ in raw:  # hash any bytes after the end-of-archive marker too
         pass
     name = url.rsplit("/", 1)[-1]
     rel = name if parent_url(url).rstrip("/") == out.rstrip("/") else url
-    index = None
-    if not compressed[0]:
+    index = frames = None
+    table = None
+    if compression == "zstd" and walk[0] is not None:
+        table = table_of_frames(walk[0].frames, size[0])
+        try:  # the reader's own checks: a table it would refuse is not written
+            table = decode_frames(table.encode(), url, size[0], io.limits) if table is not None else None
+        except ManifestError as e:
+            log.info("%s: no frame table (it streams whole): %s", url, e)
+            table = None
+    if compression is None or table is not None:
         index = name + ".idx.npy"
         with storage.open_output(join_url(out, index), io) as f:
             f.write(encode_offsets(offsets))
-    return ShardInfo(url=rel, samples=len(keys), bytes=size[0], sha256=sha.hexdigest(), index=index), fields
+    if table is not None:
+        frames = name + FRAMES_SUFFIX
+        with storage.open_output(join_url(out, frames), io) as f:
+            f.write(table.encode())
+    info = ShardInfo(url=rel, samples=len(keys), bytes=size[0], sha256=sha.hexdigest(), index=index,
+                     compression=compression, frames=frames)
+    return info, fields
 
 
 def index_shards(

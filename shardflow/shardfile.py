@@ -17,11 +17,15 @@ from typing import Any, BinaryIO
 
 from . import storage
 from .errors import SampleError
+from .format.frames import FRAME_BYTES, FRAMES_SUFFIX, FrameWriter
 from .format.manifest import ShardInfo, encode_offsets
 from .format.tar import END_OF_ARCHIVE, sample_parts
 from .storage.urls import local_path
 
-__all__ = ["ShardFile", "WRITE_CHUNK"]
+__all__ = ["ShardFile", "WRITE_CHUNK", "COMPRESSIONS"]
+
+COMPRESSIONS = ("zstd",)
+"""The ``compression`` a shard can be written with (None: a plain tar)."""
 
 WRITE_CHUNK = 1 << 20  # bytes a shard buffers before writing, hashing and starting their writeback
 
@@ -50,10 +54,23 @@ class ShardFile:
             final path)`` for the caller to pass to
             :func:`~shardflow.storage.commit_staged` (a conversion's worker writes
             the next shard meanwhile; its parent commits them).
+        compression: ``"zstd"``: the tar bytes are stored as independent zstd
+            frames (see :mod:`shardflow.format.frames`), with a frame table
+            ``<url>.frames.npy`` beside the offset index; None: a plain tar.
+            Offsets, :attr:`size` and so ``max_bytes`` count tar bytes; the
+            manifest's ``bytes`` and ``sha256`` are those of the stored file.
+
+    Raises:
+        ValueError: an unknown ``compression``.
+        ImportError: ``"zstd"`` without the ``zstandard`` package.
     """
 
     def __init__(self, url: str, index_url: str | None = None, io: storage.IOOptions | None = None,
-                 *, sync_dir: bool = True, staged: bool = False) -> None:  # fmt: skip
+                 *, sync_dir: bool = True, staged: bool = False, compression: str | None = None) -> None:  # fmt: skip
+        self.check_compression(compression)
+        self.compression = compression
+        self._frames = FrameWriter(url) if compression == "zstd" else None
+        self._stored = 0  # bytes in the shard's file (the compressed ones when compressing)
         self.url = url
         self.index_url = index_url
         self.io = io or storage.IOOptions()
@@ -75,6 +92,12 @@ class ShardFile:
         self._parts: list[bytes] = []
         self._buffered = 0
         self._written = 0  # bytes handed to the file (the rest of ``size`` is in the buffer)
+
+    @staticmethod
+    def check_compression(compression: str | None) -> None:
+        """Raise ``ValueError`` unless ``compression`` is None or one of :data:`COMPRESSIONS`."""
+        if compression not in (None, *COMPRESSIONS):
+            raise ValueError(f"compression must be None or one of {list(COMPRESSIONS)}, got {compression!r}")
 
     def __enter__(self) -> ShardFile:
         if self._staging:
@@ -138,7 +161,11 @@ class ShardFile:
                     self._emit(part)
         self.offsets.append(start)
         self.size = self._written + self._buffered
-        if self._buffered >= WRITE_CHUNK:
+        if self._frames is not None:
+            if self._buffered + self._frames.held >= FRAME_BYTES:  # a frame ends between samples
+                self._flush()
+                self._store(self._frames.sample_end())
+        elif self._buffered >= WRITE_CHUNK:
             self._flush()
         self.fields.update(fields)
         return self.size - start
@@ -158,11 +185,17 @@ class ShardFile:
             self._emit(data)
 
     def _emit(self, data: bytes) -> None:
+        self._store(data if self._frames is None else self._frames.add(data))
+        self._written += len(data)
+
+    def _store(self, data: bytes) -> None:
+        if not data:
+            return
         self._out.write(data)  # type: ignore[union-attr]
         self._sha.update(data)
         if self._local:
-            storage.start_writeback(self._out, self._written, len(data))  # type: ignore[arg-type]
-        self._written += len(data)
+            storage.start_writeback(self._out, self._stored, len(data))  # type: ignore[arg-type]
+        self._stored += len(data)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
@@ -170,6 +203,8 @@ class ShardFile:
             try:
                 self._parts.append(END_OF_ARCHIVE)
                 self._flush()
+                if self._frames is not None:
+                    self._store(self._frames.finish())
             except BaseException as e:
                 self._close(type(e), e, e.__traceback__)  # nothing appears at the shard's name
                 self.staged.clear()
@@ -179,11 +214,14 @@ class ShardFile:
         if exc_type is not None:
             self.staged.clear()  # the temporary was removed with the block's failure
             return
-        index_rel = sizes_rel = None
+        index_rel = sizes_rel = frames_rel = None
         try:
             if self.index_url is not None:
                 self._write_file(self.index_url, encode_offsets([*self.offsets, end]))
                 index_rel = posixpath.basename(self.index_url)
+                if self._frames is not None:  # the index's tar offsets are found through it
+                    self._write_file(self.url + FRAMES_SUFFIX, self._frames.table.encode())
+                    frames_rel = posixpath.basename(self.url) + FRAMES_SUFFIX
             if self.sizes:
                 self._write_file(self.url + ".sizes.npy", encode_offsets(self.sizes))
                 sizes_rel = posixpath.basename(self.url) + ".sizes.npy"
@@ -198,8 +236,10 @@ class ShardFile:
         self.info = ShardInfo(
             url=posixpath.basename(self.url),
             samples=len(self.offsets),
-            bytes=self.size,
+            bytes=self._stored,
             sha256=self._sha.hexdigest(),
             index=index_rel,
             sizes=sizes_rel,
+            compression=self.compression,
+            frames=frames_rel,
         )

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import storage
 from .errors import ManifestError
+from .format.frames import FrameTable, decode_frames
 from .format.manifest import Manifest, decode_offsets, decode_sizes
 from .storage.urls import escapes_folder
 from .urls import join_url, parent_url
@@ -122,6 +123,7 @@ class ShardSet:
             self.parts = (SourcePart(self.urls[0] if self.urls else "", 0, len(self.urls), sized=self.manifest is not None,
                                      manifest_url=self.manifest.url if self.manifest is not None else None),)
         self._options: dict[int, tuple[storage.IOOptions, storage.IOOptions]] = {}
+        self._frames: dict[int, FrameTable | None] = {}
         self._stops = np.asarray([p.stop for p in self.parts], dtype=np.int64)
 
     @property
@@ -185,7 +187,33 @@ class ShardSet:
             return None
         data = read_all(url, self.options_for(shard, options))
         info = self.manifest.shards[shard]
-        return decode_offsets(data, url, info.samples, info.bytes)
+        frames = self.load_frames(shard, options)
+        return decode_offsets(data, url, info.samples, info.bytes if frames is None else frames.size)
+
+    def load_frames(self, shard: int, options: storage.IOOptions) -> FrameTable | None:
+        """The frame table of shard number ``shard`` (a framed ``.tar.zst``), or None if it has
+        none; read once, then kept.
+
+        Raises:
+            FrameTableError: the table does not fit the shard or the limits.
+        """
+        if shard in self._frames:
+            return self._frames[shard]
+        url = self.frames_url(shard, options)
+        table = None
+        if url is not None:
+            opts = self.options_for(shard, options)
+            table = decode_frames(read_all(url, opts), url, self.manifest.shards[shard].bytes, opts.limits)  # type: ignore[union-attr]
+        self._frames[shard] = table
+        return table
+
+    def frames_url(self, shard: int, options: storage.IOOptions) -> str | None:
+        """The frame table URL of shard number ``shard`` (one with an offset index), or None."""
+        m = self.manifest
+        info = m.shards[shard] if m is not None else None
+        if m is None or info is None or not info.frames or self.index_urls[shard] is None:
+            return None
+        return listed_url(parent_url(m.url), info.frames, m.url, "frame table", options) if m.url else info.frames
 
 
 def _costs_of(source: ShardSet, column: str, options: storage.IOOptions) -> np.ndarray:

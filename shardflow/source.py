@@ -246,6 +246,7 @@ def _join_manifests(manifests: list[Manifest], options: storage.IOOptions) -> Ma
                 info, url=listed_url(folder, info.url, where, "shard", options),
                 index=listed_url(folder, info.index, where, "offset index", options) if info.index else None,
                 sizes=listed_url(folder, info.sizes, where, "sizes index", options) if info.sizes else None,
+                frames=listed_url(folder, info.frames, where, "frame table", options) if info.frames else None,
             ))
         fields.update(m.fields)
     metas = [m.meta for m in manifests]

@@ -131,6 +131,12 @@ class ShardWriter:
         storage_options: passed to fsspec for remote destinations.
         io: how shards are written, a :class:`~shardflow.storage.IOOptions`
             (instead of ``storage_options``).
+        compression: ``"zstd"`` writes ``.tar.zst`` shards (``.zst`` is added to
+            the pattern unless it ends so): plain tar inside, stored as
+            independent zstd frames with a frame table beside the offset
+            index, so that seeking, random access and resumption work as on
+            plain shards (see :mod:`shardflow.format.frames`); ``max_bytes``
+            counts tar bytes. None (default): plain ``.tar``.
 
     Raises:
         ValueError: bad ``pattern``, ``max_count`` or ``max_bytes``, or both
@@ -150,7 +156,10 @@ class ShardWriter:
         index: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         io: storage.IOOptions | None = None,
+        compression: str | None = None,
     ) -> None:
+        if compression is not None and not pattern.endswith(".zst"):
+            pattern += ".zst"
         try:
             pattern % 0
         except TypeError:
@@ -162,6 +171,8 @@ class ShardWriter:
         self.max_bytes = max_bytes
         self.io = storage.io_options(io, storage_options)
         self.index = index
+        self.compression = compression
+        ShardFile.check_compression(compression)
         folder = parent_url(pattern)
         self.manifest_url: str | None
         if manifest is True:
@@ -214,7 +225,8 @@ class ShardWriter:
                 self._start()
             url = self.pattern % self._next
             self._next += 1
-            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.io).__enter__()
+            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.io,
+                              compression=self.compression).__enter__()
             self._shard = shard
         shard.write(key, fields, sizes)
         if sizes is not None:

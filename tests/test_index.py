@@ -50,7 +50,52 @@ def test_index_gzip_shard_has_no_offsets(tmp_path):
 
     m = index_shards([str(tmp_path / "g.tar.gz")])
     assert m.shards[0].samples == 5 and m.shards[0].index is None
+    assert m.shards[0].compression == "gzip" and m.shards[0].frames is None
     assert [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path), decode=None)] == ["000", "001", "002", "003", "004"]
+
+
+def _tar(n):
+    return b"".join(encode_member(f"{i:03d}.bin", bytes([i]) * (1000 + 37 * i)) for i in range(n)) + END_OF_ARCHIVE
+
+
+def test_index_of_framed_zstd_shards_gives_back_their_frame_tables(tmp_path):
+    """Framed shards moved without their manifest: indexed, they seek again, with the writer's own tables."""
+    from shardflow.indexing import index_shards
+
+    with shardflow.ShardWriter(str(tmp_path / "w" / "z-%06d.tar"), max_count=300, compression="zstd") as w:
+        for i in range(700):
+            w.write({"__key__": f"{i:04d}", "bin": np.random.default_rng(i).bytes(1500)})
+    (tmp_path / "i").mkdir()
+    for p in sorted((tmp_path / "w").glob("*.tar.zst")):
+        (tmp_path / "i" / p.name).write_bytes(p.read_bytes())
+    m = index_shards(sorted(str(p) for p in (tmp_path / "i").glob("*.tar.zst")))
+    for s in m.shards:
+        assert (s.compression, s.frames) == ("zstd", s.url + ".frames.npy")
+        for suffix in (".idx.npy", ".frames.npy"):
+            assert (tmp_path / "i" / (s.url + suffix)).read_bytes() == (tmp_path / "w" / (s.url + suffix)).read_bytes()
+    ds = shardflow.IndexedShardDataset(str(tmp_path / "i"), decode=None)
+    assert [ds[i]["bin"] for i in (650, 3, 301)] == [np.random.default_rng(i).bytes(1500) for i in (650, 3, 301)]
+
+
+def test_index_of_other_zstd_shards(tmp_path):
+    """One frame with its size (``zstd file.tar``): a one-frame table. A streamed frame (no size in its
+    header): no offset index, it streams whole. Both record the compression."""
+    import zstandard
+
+    from shardflow.indexing import index_shards
+
+    raw = _tar(40)
+    (tmp_path / "one.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    (tmp_path / "streamed.tar.zst").write_bytes(zstandard.ZstdCompressor(write_content_size=False).compress(raw))
+    m = index_shards([str(tmp_path / "one.tar.zst"), str(tmp_path / "streamed.tar.zst")])
+    one, streamed = m.shards
+    assert (one.compression, one.frames, one.index) == ("zstd", "one.tar.zst.frames.npy", "one.tar.zst.idx.npy")
+    assert np.load(tmp_path / one.frames).tolist() == [[0, 0], [len(raw), (tmp_path / "one.tar.zst").stat().st_size]]
+    assert (streamed.compression, streamed.frames, streamed.index) == ("zstd", None, None)
+    ds = shardflow.IndexedShardDataset(str(tmp_path / "one.tar.zst"), decode=None)
+    assert ds[17]["bin"] == bytes([17]) * (1000 + 37 * 17)
+    got = [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path), decode=None)]
+    assert got == [f"{i:03d}" for i in range(40)] * 2
 
 
 def test_index_refuses_non_adjacent_shards(tmp_path):

@@ -505,11 +505,15 @@ def test_compressed_shards_stream_local_and_http(kind, tmp_path, http_server):
     for urls in (local_urls, http_urls):
         ds = shardflow.ShardDataset(urls, decode=None)
         assert got(ds) == in_order(want)
-    # indexed (a manifest with counts, no offset index for compressed shards): exact splits
+    # indexed (a manifest with counts): exact splits. A gzip shard gets no offset index; a zstd
+    # frame that declares its size gets a one-frame table, so it seeks (docs/compression.md)
     from shardflow.indexing import index_shards
 
     manifest = index_shards(local_urls)
-    assert [s.index for s in manifest.shards] == [None] * 3
+    seekable = kind == "zst"
+    assert [s.index is not None for s in manifest.shards] == [seekable] * 3
+    assert [s.frames is not None for s in manifest.shards] == [seekable] * 3
+    assert [s.compression for s in manifest.shards] == [{"zst": "zstd", "gz": "gzip"}[kind]] * 3
     ranks = [list(shardflow.ShardDataset(str(folder), decode=None, rank=r, world_size=2)) for r in range(2)]
     assert [len(r) for r in ranks] == [13, 13]  # 25 samples, padded to 26
     assert sorted({k for r in ranks for k in (s["__key__"] for s in r)}) == sorted(want)

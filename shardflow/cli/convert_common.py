@@ -25,6 +25,11 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
     parser.add_argument("--prefix", default="train", help="shard name prefix: PREFIX-000000.tar (default train)")
     parser.add_argument("--max-bytes", type=int, default=None, help="shard size limit in bytes (default: none)")
     parser.add_argument(
+        "--compression", choices=("none", "zstd"), default="none",
+        help="zstd: .tar.zst shards in independent zstd frames, plain tar inside, seekable through a frame "
+        "table beside the offset index (needs shardflow[zstd]; default none: .tar)",
+    )  # fmt: skip
+    parser.add_argument(
         "--group-size", type=int, default=None, metavar="N",
         help="inputs per task (default: --max-count); shards never span two tasks",
     )  # fmt: skip
@@ -63,6 +68,7 @@ def options_from_args(args: argparse.Namespace, *, max_count: int | None = None)
         resume=not args.no_resume,
         overwrite=args.overwrite,
         storage_options=storage_options(args.storage_option),
+        compression=None if getattr(args, "compression", "none") == "none" else args.compression,
     )
 
 

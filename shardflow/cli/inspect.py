@@ -92,6 +92,11 @@ def format_summary(info: dict[str, Any]) -> str:
     if info["bytes"] is not None:
         avg = f", ~{human_bytes(info['bytes'] // info['samples'])} per sample" if info["samples"] else ""
         lines.append(f"bytes     {human_bytes(info['bytes'])} ({info['bytes']:,}{avg})")
+    comp = info.get("compression")
+    if comp:
+        kinds = ", ".join(f"{k} ({counted(v, 'shard')})" for k, v in comp.items() if k != "framed")
+        lines.append(f"compression {kinds}; {counted(comp['framed'], 'shard')} framed (seekable: offset index, "
+                     "random access)")
     if info["fields"]:
         lines.append("fields")
         width = max(len(f) for f in info["fields"])

@@ -113,7 +113,7 @@ def remove_files(dest: str, names: Iterable[str], io: storage.IOOptions) -> None
 def _old_dataset_files(manifest: Manifest | None, names: list[str]) -> list[str]:
     out = set(_dataset_files(names))
     for s in manifest.shards if manifest is not None else []:
-        out.update(n for n in (s.url, s.index, s.sizes) if n and "/" not in n and "://" not in n)
+        out.update(n for n in (s.url, s.index, s.sizes, s.frames) if n and "/" not in n and "://" not in n)
     return sorted(out)
 
 

@@ -38,6 +38,7 @@ from .. import storage
 from ..errors import ConversionError, ShardflowError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ..storage.locks import DestinationLock
+from ..shardfile import ShardFile
 from ..storage.urls import join_url, local_path, protocol_of
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import Executor, make_executor
@@ -66,6 +67,8 @@ class ConvertOptions:
             refusing it.
         storage_options: fsspec options for a remote source or destination.
         index: write per-shard offset indexes.
+        compression: ``"zstd"``: framed ``.tar.zst`` shards (see
+            :class:`~shardflow.ShardWriter`); None: plain ``.tar``.
     """
 
     max_count: int = 10_000
@@ -77,8 +80,10 @@ class ConvertOptions:
     overwrite: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     index: bool = True
+    compression: str | None = None
 
     def __post_init__(self) -> None:
+        ShardFile.check_compression(self.compression)
         if self.max_count < 1:
             raise ValueError(f"max_count must be >= 1, got {self.max_count}")
         if self.max_bytes is not None and self.max_bytes < 1:
@@ -318,7 +323,7 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
     # to the records (_Run.write); a Dask task makes its shards durable and named itself
     staged = local and client is None
     plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io,
-                     sync_dir=client is not None, staged=staged)  # fmt: skip
+                     sync_dir=client is not None, staged=staged, compression=options.compression)  # fmt: skip
     run = _Run(dest, identity, meta, io, progress)
     tasks = _Tasks(make_executor(workers, client), run, staged)
     failed = True
@@ -363,4 +368,4 @@ def _remove_replaced(dest: str, previous: Previous, manifest: Manifest, io: stor
     gone = sorted(previous.names - now)
     if gone:
         log.info("%s: removing %d shard(s) of the earlier run that this one replaced", dest, len(gone))
-        remove_files(dest, [n + ext for n in gone for ext in ("", ".idx.npy", ".sizes.npy")], io)
+        remove_files(dest, [n + ext for n in gone for ext in ("", ".idx.npy", ".sizes.npy", ".frames.npy")], io)

@@ -44,9 +44,11 @@ log = logging.getLogger(__name__)
 Build = Callable[[list[Any], Any], Iterator[tuple[Any, ...]]]
 
 
-def shard_name(prefix: str, group: int, part: int) -> str:
-    """The name of part ``part`` of group ``group`` (see the module docstring)."""
-    return f"{prefix}-{group:06d}.tar" if part == 0 else f"{prefix}-{group:06d}_{part:04d}.tar"
+def shard_name(prefix: str, group: int, part: int, compression: str | None = None) -> str:
+    """The name of part ``part`` of group ``group`` (see the module docstring); ``.tar.zst``
+    for ``compression="zstd"``."""
+    name = f"{prefix}-{group:06d}.tar" if part == 0 else f"{prefix}-{group:06d}_{part:04d}.tar"
+    return name + ".zst" if compression == "zstd" else name
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class GroupPlan:
         staged: (local destinations) a task leaves its shards written at
             temporary names (:attr:`GroupResult.staged`) for the engine to make
             durable and name while the worker writes the next group.
+        compression: ``"zstd"`` for framed ``.tar.zst`` shards (see
+            :class:`~shardflow.shardfile.ShardFile`), None for plain ``.tar``.
     """
 
     dest: str
@@ -77,6 +81,7 @@ class GroupPlan:
     io: storage.IOOptions
     sync_dir: bool = True
     staged: bool = False
+    compression: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,8 @@ def group_digest(inputs: Sequence[Any], plan: GroupPlan) -> str:
 
     A re-run keeps a finished group only if this hash is unchanged.
     """
-    h = hashlib.sha256(f"{plan.prefix}:{plan.max_count}:{plan.max_bytes}:{plan.index}\n".encode())
+    comp = f":{plan.compression}" if plan.compression else ""  # (plain shards keep their digests)
+    h = hashlib.sha256(f"{plan.prefix}:{plan.max_count}:{plan.max_bytes}:{plan.index}{comp}\n".encode())
     if inputs:  # each input's repr and a newline, hashed in one call
         h.update(("\n".join(map(repr, inputs)) + "\n").encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:32]
@@ -114,7 +120,7 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     staged: list[tuple[str, str]] = []
     shard: ShardFile | None = None
     part = 0
-    url = join_url(plan.dest, shard_name(plan.prefix, group, 0))
+    url = join_url(plan.dest, shard_name(plan.prefix, group, 0, plan.compression))
     max_count, max_bytes = plan.max_count, plan.max_bytes
     try:
         for item in build(inputs, context):
@@ -130,9 +136,9 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
                 shard = None
                 part += 1
             if shard is None:
-                url = join_url(plan.dest, shard_name(plan.prefix, group, part))
+                url = join_url(plan.dest, shard_name(plan.prefix, group, part, plan.compression))
                 shard = ShardFile(url, url + ".idx.npy" if plan.index else None, plan.io, sync_dir=False,
-                                  staged=plan.staged).__enter__()
+                                  staged=plan.staged, compression=plan.compression).__enter__()
             shard.write(key, data, sizes)
         if shard is not None:
             shard.__exit__(None, None, None)

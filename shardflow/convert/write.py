@@ -80,6 +80,7 @@ def write_shards(
     resume: bool = True,
     overwrite: bool = False,
     index: bool = True,
+    compression: str | None = None,
     meta: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -128,6 +129,10 @@ def write_shards(
         overwrite: replace a dataset ``dst`` already holds that another
             conversion wrote (default: refuse it).
         index: write per-shard offset indexes (``<shard>.idx.npy``).
+        compression: ``"zstd"`` writes ``.tar.zst`` shards, plain tar inside,
+            as independent zstd frames with a frame table beside the offset
+            index (seeking, random access and resumption as on ``.tar``; see
+            :class:`~shardflow.ShardWriter`). None (default): plain ``.tar``.
         meta: the manifest's ``meta``.
         storage_options: fsspec options for a remote ``dst``.
         progress: ``progress(n)`` after every finished (or kept) group of ``n``
@@ -154,6 +159,7 @@ def write_shards(
         overwrite=overwrite,
         storage_options=dict(storage_options or {}),
         index=index,
+        compression=compression,
     )
     return run_conversion(
         dst,

@@ -9,7 +9,7 @@ from typing import Any
 
 from shardflow.errors import ShardFormatError, TruncatedShardError, missing_dependency
 
-__all__ = ["GZIP_MAGIC", "ZSTD_MAGIC", "decompressing_chunks"]
+__all__ = ["GZIP_MAGIC", "ZSTD_MAGIC", "ZstdFrames", "decompressing_chunks"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -84,7 +84,7 @@ def _unzstd(head: bytes, chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
     ``decompressobj().decompress`` returns all the output of its input at once
     (128 KiB of a zstd bomb is gigabytes), so the stream reader is used, whose
     ``read(n)`` is bounded; it does not tell a cut stream from a complete one,
-    so :class:`_ZstdFrames` walks the frame structure of the bytes it consumes.
+    so :class:`ZstdFrames` walks the frame structure of the bytes it consumes.
     """
     try:
         import zstandard
@@ -92,7 +92,7 @@ def _unzstd(head: bytes, chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
         raise missing_dependency(
             "zstandard", "zstd", f"reading the zstd-compressed shard {url}"
         ) from exc
-    frames = _ZstdFrames(url)
+    frames = ZstdFrames(url)
     source = _ChunkFile(_prepend(head, chunks), frames.feed)
     reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=_ZSTD_IN, read_across_frames=True)
     try:
@@ -132,26 +132,43 @@ class _ChunkFile(io.RawIOBase):
         return n
 
 
-class _ZstdFrames:
+class ZstdFrames:
     """The frame structure of a zstd stream (RFC 8878 section 3), block headers only.
 
-    Fed the compressed bytes as they pass, it jumps over block contents and
-    tracks whether the stream ends between frames (``complete``).
+    Fed the compressed bytes as they pass (:meth:`feed`), it jumps over block
+    contents and tracks whether the stream ends between frames (``complete``)
+    and where each frame starts (``frames``).
+
+    Attributes:
+        frames: per frame seen, ``(offset of its magic number, content size
+            from its header or -1 when the header has none, -2 for a
+            skippable frame)``.
+        offset: bytes fed so far.
     """
 
     def __init__(self, url: str) -> None:
+        self.frames: list[tuple[int, int]] = []
+        self.offset = 0
         self._url = url
         self._skip = 0  # bytes of block content (or a skippable frame) still to pass
         self._pending = b""  # header bytes collected so far
         self._need = 4  # header bytes the current state needs
         self._state = "magic"
         self._checksum = False
+        self._fcs = 0  # bytes of the current frame's content size field
 
     @property
     def complete(self) -> bool:
         return self._state == "magic" and not self._skip and not self._pending
 
     def feed(self, data: memoryview) -> None:
+        """Walk the next bytes of the stream.
+
+        Raises:
+            ShardFormatError: no frame magic where a frame must start, or a reserved block type.
+        """
+        base = self.offset
+        self.offset += len(data)
         pos, n = 0, len(data)
         while True:
             if self._skip:
@@ -167,16 +184,18 @@ class _ZstdFrames:
             field = self._pending + bytes(data[pos : pos + want])
             pos += want
             self._pending = b""
-            self._step(field)
+            self._step(field, base + pos)
 
-    def _step(self, field: bytes) -> None:
+    def _step(self, field: bytes, end: int) -> None:
         state = self._state
         if state == "magic":
             magic = int.from_bytes(field, "little")
             if field == ZSTD_MAGIC:
                 self._state, self._need = "descriptor", 1
+                self.frames.append((end - 4, -1))
             elif magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: 4-byte size, then content
                 self._state, self._need = "skippable", 4
+                self.frames.append((end - 4, -2))
             else:
                 raise ShardFormatError(f"{self._url}: corrupt zstd data: no frame magic after a frame")
         elif state == "skippable":
@@ -187,9 +206,13 @@ class _ZstdFrames:
             single = (fhd >> 5) & 1
             fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
             self._checksum = bool((fhd >> 2) & 1)
+            self._fcs = fcs
             rest = (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
             self._state, self._need = ("header", rest) if rest else ("block", 3)
         elif state == "header":
+            if self._fcs:  # the frame content size closes the header (2 bytes: stored minus 256)
+                size = int.from_bytes(field[-self._fcs :], "little") + (256 if self._fcs == 2 else 0)
+                self.frames[-1] = (self.frames[-1][0], size)
             self._state, self._need = "block", 3
         elif state == "block":
             value = int.from_bytes(field, "little")

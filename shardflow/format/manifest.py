@@ -32,6 +32,7 @@ from .limits import Limits
 
 __all__ = [
     "MANIFEST_NAME",
+    "COMPRESSIONS",
     "FORMAT_VERSION",
     "JOURNAL_SUFFIX",
     "ShardInfo",
@@ -40,12 +41,16 @@ __all__ = [
     "encode_offsets",
     "decode_offsets",
     "decode_sizes",
+    "load_npy",
     "journal_header",
     "journal_entry",
     "manifest_from_journal",
 ]
 
 MANIFEST_NAME = "shardflow.json"
+COMPRESSIONS = ("zstd", "gzip")
+"""The ``compression`` values a shard entry may have (None: a plain tar); shardflow writes
+``"zstd"``, ``shardflow index`` records either."""
 FORMAT_VERSION = 1
 JOURNAL_SUFFIX = ".journal"
 """A writer's journal of finished shards is ``shardflow.json.journal`` beside the shards."""
@@ -65,6 +70,12 @@ class ShardInfo:
             (samples, C), columns named by the manifest's ``meta["size_columns"]``,
             e.g. ``num_nodes``/``num_edges`` for graphs), or None. Used to batch
             by cost.
+        compression: ``"zstd"`` for a ``.tar.zst`` shard (written by shardflow
+            in independent frames, or indexed), ``"gzip"`` for an indexed
+            ``.tar.gz``, None for a plain tar.
+        frames: relative path of the frame table ``.npy`` of a framed zstd
+            shard (see :mod:`shardflow.format.frames`), or None. The offset
+            index then holds tar (uncompressed) offsets.
     """
 
     url: str
@@ -73,6 +84,8 @@ class ShardInfo:
     sha256: str | None = None
     index: str | None = None
     sizes: str | None = None
+    compression: str | None = None
+    frames: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
@@ -80,6 +93,10 @@ class ShardInfo:
             out["index"] = self.index
         if self.sizes:
             out["sizes"] = self.sizes
+        if self.compression:
+            out["compression"] = self.compression
+        if self.frames:
+            out["frames"] = self.frames
         return out
 
 
@@ -168,11 +185,15 @@ def _shard_entry(entry: Any, i: int, where: str) -> ShardInfo:
             raise ManifestError(f"{where}: shard entry {i} ({url!r}): {name} is {value!r}, not an integer")
     if samples < 0:
         raise ManifestError(f"{where}: shard entry {i} has a negative sample count")
-    for name in ("sha256", "index", "sizes"):
+    for name in ("sha256", "index", "sizes", "compression", "frames"):
         if entry.get(name) is not None and not isinstance(entry[name], str):
             raise ManifestError(f"{where}: shard entry {i} ({url!r}): {name} is {entry[name]!r}, not a string")
+    if entry.get("compression") not in (None, *COMPRESSIONS):
+        raise ManifestError(f"{where}: shard entry {i} ({url!r}): compression {entry['compression']!r} is not one "
+                            f"of {list(COMPRESSIONS)}")
     return ShardInfo(url=url, samples=samples, bytes=size, sha256=entry.get("sha256"),
-                     index=entry.get("index"), sizes=entry.get("sizes"))
+                     index=entry.get("index"), sizes=entry.get("sizes"),
+                     compression=entry.get("compression"), frames=entry.get("frames"))
 
 
 def fields_of(names: Iterable[str]) -> dict[str, str]:
@@ -207,7 +228,7 @@ def check_counts(manifest: Manifest, limits: Limits) -> None:
     for info in manifest.shards:
         if info.bytes < 0:
             continue
-        ratio = limits.max_compression_ratio if info.url.endswith(_COMPRESSED) else 1
+        ratio = limits.max_compression_ratio if info.compression or info.url.endswith(_COMPRESSED) else 1
         cap = info.bytes * ratio // limits.min_sample_bytes
         if info.samples > cap:
             raise ManifestError(
@@ -234,8 +255,9 @@ def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | No
     return shape, False, np.dtype(m.group(1).decode("ascii")), end
 
 
-def _load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.ndarray:
-    """An integer ``.npy`` of exactly ``shape``, its header checked before any array is allocated.
+def load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An integer ``.npy`` of exactly ``shape`` (-1: any length on that axis), its header
+    checked before any array is allocated.
 
     The header is parsed once (shardflow's own plain form by a strict pattern, any
     other by numpy's parser, never by evaluating it) and the data then read with
@@ -254,10 +276,12 @@ def _load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.nd
             raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
         head = (tuple(found), fortran, dtype, buf.tell())
     found, fortran, dtype, at = head
-    if found != shape or dtype.kind not in "iu" or dtype.hasobject:
+    fits = len(found) == len(shape) and all(w in (-1, f) for f, w in zip(found, shape))
+    if not fits or dtype.kind not in "iu" or dtype.hasobject:
         raise ManifestError(
             f"{url}: {what} has shape {found} and dtype {dtype}, expected int64 {shape}", reason="bad_index"
         )
+    shape = tuple(found)
     count = int(np.prod(shape))
     if len(data) - at != dtype.itemsize * count:
         raise ManifestError(
@@ -278,7 +302,7 @@ def decode_sizes(data: bytes, url: str, samples: int, columns: int) -> np.ndarra
         ManifestError: not an integer array of shape (samples, columns), or a
             negative size.
     """
-    arr = _load_npy(data, url, "sizes index", (samples, columns))
+    arr = load_npy(data, url, "sizes index", (samples, columns))
     if arr.size and int(arr.min()) < 0:
         raise ManifestError(f"{url}: sizes index holds the negative size {int(arr.min())}", reason="bad_index")
     return arr
@@ -301,7 +325,7 @@ def decode_offsets(data: bytes, url: str, samples: int, size: int = -1) -> np.nd
             ``samples + 1`` entries; an offset that is negative, not on a
             512-byte tar block, not strictly increasing, or past the shard's end.
     """
-    arr = _load_npy(data, url, "offset index", (samples + 1,))
+    arr = load_npy(data, url, "offset index", (samples + 1,))
     if int(arr[0]) < 0:
         raise ManifestError(f"{url}: offset index starts at the negative offset {int(arr[0])}", reason="bad_index")
     if samples and np.any(np.diff(arr) <= 0):

@@ -73,9 +73,14 @@ def _spread(src: ShardSet, n: int, io: storage.IOOptions) -> list[dict[str, Any]
             continue
         offsets = src.load_offsets(shard, io)
         if offsets is not None:
+            frames = src.load_frames(shard, io)  # a framed .tar.zst: tar offsets
+            memo: dict[int, bytes] = {}
             for i in mine:
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
-                data = storage.read_range(url, lo, hi, io)
+                if frames is None:
+                    data = storage.read_range(url, lo, hi, io)
+                else:
+                    data = storage.read_framed_range(url, lo, hi, frames, io, memo=memo)
                 for key, _, fields in iter_samples([data], url, lo, end=hi, limits=io.limits):
                     out.append({"__key__": key, "__url__": url, **fields})
             continue

@@ -93,6 +93,15 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
     return res
 
 
+def _compression(m: Any) -> dict[str, int] | None:
+    """Shards per compression the manifest records, and how many of them are framed (seekable)."""
+    if m is None or not any(s.compression for s in m.shards):
+        return None
+    out = dict(Counter(s.compression for s in m.shards if s.compression))
+    out["framed"] = sum(1 for s in m.shards if s.frames)
+    return out
+
+
 def class_names(meta: dict[str, Any]) -> dict[Any, str]:
     """Label -> class name from a manifest's ``meta["class_to_idx"]`` (empty if absent)."""
     c2i = meta.get("class_to_idx")
@@ -185,6 +194,8 @@ def summarize(
 
         - ``source``, ``manifest`` (its URL or None), ``scanned`` (bool);
         - ``shards``; ``samples`` and ``bytes`` (None when unknown);
+          ``compression``: ``{"zstd": shards, "framed": shards with a frame
+          table}`` from the manifest, or None when it lists none compressed;
         - ``fields``: ``{name: {"codec": ext, "samples": int | None}}``, the
           number of samples holding the field when scanned;
         - ``classes``: ``[{"label", "name", "samples"}]`` sorted by label, or None;
@@ -235,6 +246,7 @@ def summarize(
     }
     if m is not None and all(s.bytes >= 0 for s in m.shards):
         out["bytes"] = sum(s.bytes for s in m.shards)
+    out["compression"] = _compression(m)
     labels: Counter | None = None
     field_counts: Counter | None = None
     if scan:

@@ -13,6 +13,7 @@ from .. import storage
 from ..codecs import DecodeOptions, decode_field
 from ..errors import ManifestError, SampleError, ShardflowError
 from ..format.keys import IMAGE_EXTENSIONS
+from ..format.frames import FrameTable, decode_frames, framed_chunks
 from ..format.manifest import ShardInfo, decode_offsets
 from ..format.tar import BLOCK, iter_samples
 from ..source import resolve_source
@@ -32,6 +33,7 @@ class _VerifyTask:
     index_url: str | None
     io: storage.IOOptions
     decode: bool
+    frames_url: str | None = None
 
 
 @dataclass
@@ -43,31 +45,42 @@ class _VerifyResult:
     keys_by_set: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
 
 
-def _load_index(task: _VerifyTask) -> tuple[Any, Problem | None]:
+def _load_index(task: _VerifyTask) -> tuple[Any, FrameTable | None, Problem | None]:
+    """The offset index and the frame table (a framed ``.tar.zst``), or the problem that stops them."""
     if task.index_url is None or task.info is None:
-        return None, None
+        return None, None, None
+    frames = None
+    if task.frames_url is not None:
+        try:
+            data = b"".join(storage.iter_chunks(task.frames_url, 0, None, task.io))
+            frames = decode_frames(data, task.frames_url, task.info.bytes, task.io.limits)
+        except ShardflowError as e:
+            return None, None, Problem(task.url, None, e.reason, f"frame table {task.frames_url}: {strip_url(str(e), task.frames_url)}")
     try:
         data = b"".join(storage.iter_chunks(task.index_url, 0, None, task.io))
     except ShardflowError as e:
-        return None, Problem(task.url, None, "offset_index", f"offset index {task.index_url} unreadable: {e}")
+        return None, frames, Problem(task.url, None, "offset_index", f"offset index {task.index_url} unreadable: {e}")
     try:
-        return decode_offsets(data, task.index_url, task.info.samples, task.info.bytes), None
+        size = task.info.bytes if frames is None else frames.size
+        return decode_offsets(data, task.index_url, task.info.samples, size), frames, None
     except ManifestError as e:
-        return None, Problem(task.url, None, "offset_index", str(e))
+        return None, frames, Problem(task.url, None, "offset_index", str(e))
 
 
 def _verify_shard(task: _VerifyTask, tick: Ticker) -> _VerifyResult:
     res = _VerifyResult()
     url, info = task.url, task.info
     problems = res.problems
-    offsets, index_problem = _load_index(task)
+    offsets, frames, index_problem = _load_index(task)
     if index_problem is not None:
         problems.append(index_problem)
     options = DecodeOptions(image="numpy")
     starts: list[int] = []
     last_key: str | None = None
     raw = HashingChunks(storage.open_chunks(url, 0, None, task.io))
-    it = iter_samples(storage.decompressing_chunks(raw, url), url, 0, sample_errors="yield", limits=task.io.limits)
+    # a framed shard is decompressed frame by frame, each frame checked against its table entry
+    tar = storage.decompressing_chunks(raw, url) if frames is None else framed_chunks(raw, url, 0, frames.size, frames, task.io.limits)
+    it = iter_samples(tar, url, 0, sample_errors="yield", limits=task.io.limits)
     readable = True
     missing = False
     try:
@@ -119,13 +132,14 @@ def _verify_shard(task: _VerifyTask, tick: Ticker) -> _VerifyResult:
             Problem(url, None, "sample_count", f"the manifest lists {info.samples} samples, the shard holds {res.samples}")
         )
     if offsets is not None:
-        problems.extend(_check_offsets(task, offsets, starts, raw, readable))
+        problems.extend(_check_offsets(task, offsets, starts, raw, readable, frames))
     return res
 
 
-def _check_offsets(task: _VerifyTask, offsets: Any, starts: list[int], raw: HashingChunks, readable: bool) -> list[Problem]:
+def _check_offsets(task: _VerifyTask, offsets: Any, starts: list[int], raw: HashingChunks, readable: bool,
+                   frames: FrameTable | None) -> list[Problem]:
     url = task.url
-    if raw.compressed:
+    if raw.compressed and frames is None:
         return [Problem(url, None, "offset_index", "the shard is compressed, so byte offsets into it cannot seek samples; "
                         "drop its offset index from the manifest")]
     idx = offsets.tolist()
@@ -141,10 +155,14 @@ def _check_offsets(task: _VerifyTask, offsets: Any, starts: list[int], raw: Hash
         ))
     if readable and len(starts) == len(idx) - 1:
         end = idx[-1]
-        if end > raw.size:
-            out.append(Problem(url, None, "offset_index", f"the last offset index entry {end} is past the end of the shard ({raw.size} bytes)"))
-        elif end < raw.size:
-            after = storage.read_range(url, end, min(end + BLOCK, raw.size), task.io)
+        size = raw.size if frames is None else frames.size  # (tar bytes)
+        if end > size:
+            out.append(Problem(url, None, "offset_index", f"the last offset index entry {end} is past the end of the shard ({size} bytes)"))
+        elif end < size:
+            if frames is None:
+                after = storage.read_range(url, end, min(end + BLOCK, size), task.io)
+            else:
+                after = storage.read_framed_range(url, end, min(end + BLOCK, size), frames, task.io)
             if after.strip(b"\0"):
                 out.append(Problem(
                     url, None, "offset_index",
@@ -234,7 +252,8 @@ def verify(
     src = resolve_source(source, io)
     m = src.manifest
     infos: list[ShardInfo | None] = list(m.shards) if m is not None else [None] * len(src.urls)
-    tasks = [_VerifyTask(u, info, idx, io, decode) for u, info, idx in zip(src.urls, infos, src.index_urls)]
+    tasks = [_VerifyTask(u, info, idx, io, decode, src.frames_url(i, io))
+             for i, (u, info, idx) in enumerate(zip(src.urls, infos, src.index_urls))]
     workers = default_workers(src) if workers is None else workers
     preload(src, workers)
     results: list[_VerifyResult] = map_shards(_verify_shard, tasks, workers, progress)

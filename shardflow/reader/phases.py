@@ -125,7 +125,8 @@ def read_planned_in_phases(
 
 
 def _plain(plan: RankPlan, positions: np.ndarray, source: ShardSet, io: storage.IOOptions) -> bool:
-    """Whether the shards read at ``positions`` are plain tars (no gzip/zstd magic bytes).
+    """Whether the shards read at ``positions`` are plain tars (no gzip/zstd magic bytes) or
+    framed zstd shards (a frame table seeks into them as an offset index into a tar).
 
     A compressed shard may still have an offset index (written before it was
     compressed); read from its start it streams whole, decompressed, and a fresh
@@ -134,6 +135,7 @@ def _plain(plan: RankPlan, positions: np.ndarray, source: ShardSet, io: storage.
     # (a set, not np.unique: that imports numpy.ma on first use, 30-90 ms in a fresh worker)
     shards = {plan.segments[s].shard for s in set(plan.read_segment[positions].tolist())}
     try:
-        return not any(storage.is_compressed(source.urls[shard], io) for shard in sorted(shards))
+        return not any(source.load_frames(shard, io) is None and storage.is_compressed(source.urls[shard], io)
+                       for shard in sorted(shards))
     except (OSError, ShardflowError):  # the reading itself reports what is wrong
         return False

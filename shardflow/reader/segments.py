@@ -119,7 +119,11 @@ def open_segment(
     check = _size_check(source, shard)
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
-        raw = storage.open_chunks(url, lo, hi, io, check_size=check)
+        frames = source.load_frames(shard, io)  # a framed .tar.zst: tar offsets, served frame by frame
+        if frames is not None:
+            raw = storage.open_framed(url, lo, hi, frames, io, check_size=check)
+        else:
+            raw = storage.open_chunks(url, lo, hi, io, check_size=check)
         return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1]))
     manifest = source.manifest
     # read to the end: the manifest's digest checks the bytes where the store gives no validator

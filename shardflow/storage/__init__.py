@@ -9,6 +9,8 @@ Everything that touches bytes on disk or on a remote store goes through here:
 - :func:`readahead` runs a chunk stream in a background thread;
 - :func:`open_chunks` composes local cache -> :func:`iter_chunks` -> read-ahead and
   is the entry point of the tar reader;
+- :func:`open_framed` / :func:`read_framed_range` serve tar offsets of a framed
+  ``.tar.zst`` shard, decompressing only the frames that hold them;
 - :func:`decompressing_chunks` undoes gzip / zstd compression found by magic bytes;
 - :func:`open_output` writes an object atomically (it appears only when complete);
   :func:`open_staged` / :func:`commit_staged` split that in two steps (written, then durable and named);
@@ -30,7 +32,7 @@ One module per job:
 - ``fork``: fork hooks (registered on import); ``retries``: the retry policy;
 - ``readers/``: one reader per protocol (local, memory, HTTP, S3, any other fsspec store);
 - ``reading``: retried range reads; ``read_ahead``: a thread per stream; ``cache``: the local shard cache;
-- ``streams``: :func:`open_chunks`; ``metadata``: size / existence / directory;
+- ``streams``: :func:`open_chunks`; ``framed``: framed zstd shards in tar offsets; ``metadata``: size / existence / directory;
 - ``output``: atomic writes.
 """
 
@@ -41,6 +43,7 @@ from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_c
 from . import fork  # noqa: F401 - registers the fork hooks
 from .errors import DestinationLockedError, RemoteWriteError, ShardChangedError, ShardNotFoundError
 from .filesystems import filesystem
+from .framed import open_framed, read_framed_range
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
@@ -71,6 +74,8 @@ __all__ = [
     "list_glob",
     "object_size",
     "open_chunks",
+    "open_framed",
+    "read_framed_range",
     "open_output",
     "DestinationLockedError",
     "read_range",
