@@ -223,3 +223,17 @@ def worker_collate(samples: list[Any]) -> dict[str, Any]:
     info = get_worker_info()
     batch["__worker__"] = -1 if info is None else info.id
     return batch
+
+
+def tiny_image(fmt: str, seed: int, size: tuple[int, int] = (4, 3)) -> bytes:
+    """A real image of random pixels (``size`` = (width, height)) encoded by Pillow in ``fmt``
+    (``"JPEG"``, ``"PNG"``, ``"WEBP"``, ...): distinct bytes per seed, a header that parses."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt)
+    return out.getvalue()

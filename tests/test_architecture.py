@@ -39,7 +39,6 @@ MAX_LINES = 450
 
 LONGER: dict[str, str] = {
     "shardflow.convert.arrays": "the array converter: column readers for npy/npz/parquet/hdf5 and image columns",
-    "shardflow.convert.imagefolder": "the image-folder converter: class discovery, key escaping, the walk",
     "shardflow.codecs.image": "image decode and encode with the decompression-bomb and EXIF rules in one place",
 }
 

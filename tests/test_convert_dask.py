@@ -15,6 +15,7 @@ import pytest
 import shardflow
 from shardflow.convert.engine import ConvertOptions
 from shardflow.convert.imagefolder import convert_imagefolder
+from tests.helpers import tiny_image
 
 distributed = pytest.importorskip("distributed", reason="the Dask engine needs shardflow[dask]")
 
@@ -86,7 +87,7 @@ def test_imagefolder_on_dask(cluster, tmp_path: Path) -> None:
     for c in range(4):
         for i in range(5 + c):
             (src / f"c{c}").mkdir(parents=True, exist_ok=True)
-            (src / f"c{c}" / f"{i:03d}.jpg").write_bytes(bytes([c, i]) * (10 + i))
+            (src / f"c{c}" / f"{i:03d}.jpg").write_bytes(tiny_image("JPEG", 10 * c + i))
     a = convert_imagefolder(str(src), str(tmp_path / "local"), options=ConvertOptions(max_count=4, workers=2))
     b = convert_imagefolder(str(src), str(tmp_path / "dask"), options=ConvertOptions(max_count=4), client=client)
     assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
@@ -98,7 +99,7 @@ def test_cli_scheduler_address(cluster, tmp_path: Path) -> None:
     src = tmp_path / "tree"
     (src / "a").mkdir(parents=True)
     for i in range(7):
-        (src / "a" / f"{i}.png").write_bytes(b"p" * (i + 1))
+        (src / "a" / f"{i}.png").write_bytes(tiny_image("PNG", i))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     cmd = [sys.executable, "-m", "shardflow.cli", "convert", "imagefolder", str(src)]
     done = subprocess.run([*cmd, str(tmp_path / "d"), "--max-count", "3", "--scheduler", cl.scheduler_address],

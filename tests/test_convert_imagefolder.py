@@ -32,7 +32,7 @@ import shardflow
 from shardflow.convert.engine import ConvertOptions
 from shardflow.convert.imagefolder import (
     IMAGE_EXTENSIONS,
-    _key_names,
+    key_names as _key_names,
     convert_imagefolder,
     count_images,
     find_classes,
@@ -241,13 +241,24 @@ ODD_KEYS = [
 
 def test_keys_fields_order_and_nesting(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    manifest = convert_imagefolder(odd_tree, str(dst), options=ConvertOptions(max_count=5, workers=1))
+    manifest = convert_imagefolder(
+        odd_tree, str(dst), options=ConvertOptions(max_count=5, workers=1), follow_links=True
+    )
     assert manifest.meta["class_to_idx"] == {"bird": 0, "fish": 1}
     assert manifest.meta["class_counts"] == {"bird": 9, "fish": 3}
     # bird/.hidden, bird/sub/loop (a symlink loop)
     assert manifest.meta["skipped_dirs"] == 2
     # bird/notes.md, bird/noext, bird/sub/.h.jpg, fish/broken.jpg
     assert manifest.meta["ignored_files"] == 4
+    assert sorted((e["path"], e["reason"].split(" (")[0]) for e in manifest.meta["ignored"]) == [
+        ("bird/.hidden", "hidden"),
+        ("bird/noext", "not an image"),
+        ("bird/notes.md", "not an image"),
+        ("bird/sub/.h.jpg", "hidden"),
+        ("bird/sub/loop", "a symlink loop"),
+        ("fish/broken.jpg", "not a regular file"),
+    ]
+    assert manifest.meta["skipped"] == [] and manifest.meta["skipped_count"] == 0
     assert [s.samples for s in manifest.shards] == [5, 5, 2]
     samples = [s for name in tars(dst) for s in shard_samples(dst / name)]
     assert [(k, sorted(f)) for k, f in samples] == [(k, sorted([field, "cls"])) for k, field, _ in ODD_KEYS]
@@ -297,9 +308,19 @@ def test_extensions_option(odd_tree: Path, tmp_path: Path) -> None:
         convert_imagefolder(odd_tree, str(tmp_path / "out2"), extensions=("jpg", "tar.gz"))
 
 
+def test_default_walk_skips_and_names_the_link_out_of_the_tree(odd_tree: Path, tmp_path: Path) -> None:
+    manifest = convert_imagefolder(odd_tree, str(tmp_path / "out"), options=ConvertOptions(max_count=5, workers=1))
+    assert manifest.meta["class_counts"] == {"bird": 9, "fish": 2}
+    assert manifest.meta["skipped_dirs"] == 3
+    named = {e["path"]: e["reason"] for e in manifest.meta["ignored"]}
+    assert named["fish/linked"].startswith("a symlink out of the tree (to " + str(tmp_path / "outside"))
+    keys = [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path / "out"), decode=None)]
+    assert keys == [k for k, _, _ in ODD_KEYS if k != "fish/linked/o"]
+
+
 def test_webdataset_reads_the_shards(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    convert_imagefolder(odd_tree, str(dst), options=ConvertOptions(max_count=4, workers=2))
+    convert_imagefolder(odd_tree, str(dst), options=ConvertOptions(max_count=4, workers=2), follow_links=True)
     urls = [str(dst / name) for name in tars(dst)]
     ours = list(shardflow.ShardDataset(str(dst), decode=None))
     theirs = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
@@ -320,13 +341,13 @@ def test_memory_destination(junk_tree: Path) -> None:
 def test_rerun_rewrites_only_the_shard_whose_file_changed(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     options = ConvertOptions(max_count=5, workers=1)
-    convert_imagefolder(odd_tree, str(dst), options=options)
+    convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True)
     names = tars(dst)
     before = identities(dst, names)
     # same path, new content and size: the shard that holds it is rewritten, the others kept
     new_bytes = image_bytes("PNG", 99, size=(30, 20))
     write(odd_tree / "fish" / "x.jpg", new_bytes)
-    manifest = convert_imagefolder(odd_tree, str(dst), options=options)
+    manifest = convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True)
     after = identities(dst, names)
     assert [n for n in names if before[n] != after[n]] == ["train-000002.tar"]
     fields = dict(shard_samples(dst / "train-000002.tar"))

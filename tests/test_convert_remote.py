@@ -15,25 +15,26 @@ import pytest
 from shardflow.convert.engine import ConvertOptions
 from shardflow.convert.imagefolder import convert_imagefolder, count_images, find_classes
 from shardflow.errors import ConversionError, DestinationExistsError
+from tests.helpers import tiny_image
 
 pytestmark = pytest.mark.timeout(120)
 
 # relative path -> bytes: nested folders, upper-case extensions, shared stems, dots in
 # names, hidden and non-image files, classes whose names sort differently by case
 TREE = {
-    "cat/0001.jpg": b"c1" * 50,
-    "cat/0002.JPG": b"c2" * 70,
-    "cat/a.b.png": b"c3" * 10,
-    "cat/x.jpg": b"x-jpg",
-    "cat/x.png": b"x-png" * 3,
+    "cat/0001.jpg": tiny_image("JPEG", 1),
+    "cat/0002.JPG": tiny_image("JPEG", 2),
+    "cat/a.b.png": tiny_image("PNG", 3),
+    "cat/x.jpg": tiny_image("JPEG", 4),
+    "cat/x.png": tiny_image("PNG", 5),
     "cat/.DS_Store": b"junk",
     "cat/notes.txt": b"not an image",
-    "cat/deep/er/0003.jpg": b"c4" * 33,
-    "cat/deep/0004.webp": b"c5" * 9,
-    "Dog/0001.jpg": b"d1" * 41,
+    "cat/deep/er/0003.jpg": tiny_image("JPEG", 8),
+    "cat/deep/0004.webp": tiny_image("WEBP", 9),
+    "Dog/0001.jpg": tiny_image("JPEG", 10),
     "Dog/.hidden/0009.jpg": b"hidden",
-    "dog/0001.jpg": b"e1" * 12,
-    "dog/0002.jpeg": b"e2" * 80,
+    "dog/0001.jpg": tiny_image("JPEG", 12),
+    "dog/0002.jpeg": tiny_image("JPEG", 13),
     "README.md": b"root file",
 }
 
@@ -150,7 +151,7 @@ def test_cli_refuses_another_dataset_and_reports_kept_shards(tmp_path: Path) -> 
     a = write_local(tmp_path / "a")
     b = tmp_path / "b"
     (b / "x").mkdir(parents=True)
-    (b / "x" / "1.jpg").write_bytes(b"other tree")
+    (b / "x" / "1.jpg").write_bytes(tiny_image("JPEG", 99))
     dst = tmp_path / "out"
     cli = [sys.executable, "-m", "shardflow.cli", "convert", "imagefolder"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

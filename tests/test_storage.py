@@ -1052,7 +1052,9 @@ def test_local_conversion_imports_neither_fsspec_asyncio_nor_http(tmp_path):
 
     tree = tmp_path / "src" / "cat"
     tree.mkdir(parents=True)
-    (tree / "a.jpg").write_bytes(b"\xff\xd8 not decoded")
+    from tests.helpers import tiny_image
+
+    (tree / "a.jpg").write_bytes(tiny_image("JPEG", 0))
     script = (
         "import sys\n"
         "from shardflow.convert.engine import ConvertOptions\n"

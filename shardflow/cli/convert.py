@@ -41,13 +41,25 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
         help="convert an ImageFolder tree (SRC/<class>/<image>) into shards",
         description=(
             "Pack SRC/<class>/.../<image> files into tar shards in DST (fields <ext> with the original "
-            "bytes and cls), with class_to_idx in DST/shardflow.json. Hidden entries are skipped; a "
-            "class with no image is an error unless --allow-empty. Re-running resumes."
+            "bytes and cls), with class_to_idx in DST/shardflow.json. Each image's header is checked as it "
+            "is read: corrupt images are skipped and named (--on-error raise stops instead). Hidden entries, "
+            "other files and symlinked folders that lead back into the tree or out of it are skipped and "
+            "named in the manifest (meta.ignored). A class with no image is an error unless --allow-empty. "
+            "Re-running resumes."
         ),
     )
     parser.add_argument("src", metavar="SRC", help="root of the image folder (one sub-folder per class)")
     parser.add_argument("dst", metavar="DST", help="destination folder or fsspec URL for shards and manifest")
     parser.add_argument("--allow-empty", action="store_true", help="keep classes with no images (with their index)")
+    parser.add_argument(
+        "--classes-from", metavar="DATASET_OR_FILE",
+        help="class indices of another dataset (its folder or manifest: meta.class_to_idx) or of a JSON / text "
+        "list of class names, e.g. the training set's for a val split; a class folder not in it is an error",
+    )  # fmt: skip
+    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                        help="a corrupt image: skip it and name it (default), or stop with an error")
+    parser.add_argument("--follow-links", action="store_true",
+                        help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
@@ -60,19 +72,22 @@ def _imagefolder(args: argparse.Namespace) -> int:
     # done only when a bar is drawn (a terminal), never in logs or pipes.
     total = None
     if sys.stderr.isatty():
-        total = sum(count_images(args.src, storage_options=dict(options.storage_options)).values())
+        total = sum(count_images(args.src, storage_options=dict(options.storage_options),
+                                 follow_links=args.follow_links).values())  # fmt: skip
 
     def summary(manifest: Any, seconds: float) -> str:
         n = manifest.num_samples
-        return (
+        line = (
             f"{counted(n, 'sample')}, {counted(len(manifest.meta['class_to_idx']), 'class', 'classes')}, "
             f"{counted(len(manifest.shards), 'shard')} "
             f"{_rate(n, seconds, 'files')} -> {args.dst}"
         )
+        return line + left_out(manifest.meta)
 
     return run_converter(
         lambda update, client: convert_imagefolder(
-            args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client
+            args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
+            classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
         ),
         summary,
         args=args,
@@ -80,6 +95,27 @@ def _imagefolder(args: argparse.Namespace) -> int:
         unit="files",
         total=total,
     )
+
+
+SHOWN = 10
+"""Skipped and ignored entries a conversion's summary names (the manifest names up to 1,000)."""
+
+
+def left_out(meta: dict[str, Any]) -> str:
+    """The summary's lines for what a conversion skipped (corrupt inputs) and ignored (other
+    files, folders), each entry with its reason; '' when nothing was left out."""
+    lines = []
+    for what, count, entries in (
+        ("skipped (corrupt)", meta.get("skipped_count", 0), meta.get("skipped") or []),
+        ("ignored", meta.get("ignored_files", 0) + meta.get("skipped_dirs", 0), meta.get("ignored") or []),
+    ):
+        if not count:
+            continue
+        lines.append(f"{what}: {count}")
+        lines += [f"  {e['path']}: {e['reason']}" for e in entries[:SHOWN]]
+        if count > min(len(entries), SHOWN):
+            lines.append(f"  ... and {count - min(len(entries), SHOWN)} more (meta.{what.split()[0]} in the manifest)")
+    return "".join("\n" + line for line in lines)
 
 
 # ------------------------------------------------------------------ pyg

@@ -58,6 +58,7 @@ class Previous:
     groups: dict[int, tuple[str, list[ShardInfo]]] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
+    skipped: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def _read_json(url: str, io: storage.IOOptions) -> bytes | None:
@@ -163,6 +164,7 @@ def prepare_destination(
         previous = Previous(names={s.url for s in manifest.shards}, fields=sorted(manifest.fields))
         if resume:
             previous.groups = _finished_groups(manifest, state)
+            previous.skipped = _skipped_inputs(state, previous.groups)
         return previous
     old = _old_dataset_files(manifest, names)
     if manifest is None and not old:
@@ -209,20 +211,35 @@ def _finished_groups(manifest: Manifest, state: Mapping[str, Any]) -> dict[int, 
     return out
 
 
+def _skipped_inputs(state: Mapping[str, Any], groups: Mapping[int, Any]) -> dict[int, list[tuple[str, str]]]:
+    """The inputs each kept group's ``build`` skipped (named again in the re-run's manifest)."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    for number in groups:
+        entry = state["groups"].get(str(number))
+        skipped = entry.get("skipped") if isinstance(entry, dict) else None
+        if isinstance(skipped, list):
+            out[number] = [(str(s[0]), str(s[1])) for s in skipped if isinstance(s, list) and len(s) == 2]
+    return out
+
+
 def write_state(
     dest: str,
     identity: Mapping[str, Any],
     groups: Mapping[int, tuple[str, Iterable[ShardInfo]]],
     manifest: Manifest,
     io: storage.IOOptions,
+    skipped: Mapping[int, Iterable[tuple[str, str]]] | None = None,
 ) -> None:
-    """Write the conversion record, then the manifest (both atomically)."""
-    state = {
-        "format": _STATE_FORMAT,
-        "version": _STATE_VERSION,
-        "identity": dict(identity),
-        "groups": {str(g): {"digest": d, "shards": [s.url for s in shards]} for g, (d, shards) in sorted(groups.items())},
-    }
+    """Write the conversion record, then the manifest (both atomically).
+
+    ``skipped``: per group, the ``(where, reason)`` of the inputs its ``build`` skipped.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    for g, (d, shards) in sorted(groups.items()):
+        entries[str(g)] = {"digest": d, "shards": [s.url for s in shards]}
+        if skipped and skipped.get(g):
+            entries[str(g)]["skipped"] = [list(s) for s in skipped[g]]
+    state = {"format": _STATE_FORMAT, "version": _STATE_VERSION, "identity": dict(identity), "groups": entries}
     with storage.open_output(join_url(dest, STATE_NAME), io) as f:
         f.write((json.dumps(state, indent=1, sort_keys=True, default=str) + "\n").encode())
     write_manifest(join_url(dest, MANIFEST_NAME), manifest, io)

@@ -111,11 +111,15 @@ class _Run:
         self.io = io
         self.progress = progress
         self.done: dict[int, tuple[str, list[ShardInfo], list[str]]] = {}
+        self.skipped: dict[int, list[tuple[str, str]]] = {}  # group -> inputs its build skipped
         self.kept = 0
         self._last = 0.0
 
-    def finish(self, group: int, digest: str, shards: list[ShardInfo], fields: list[str]) -> None:
+    def finish(self, group: int, digest: str, shards: list[ShardInfo], fields: list[str],
+               skipped: Iterable[tuple[str, str]] = ()) -> None:  # fmt: skip
         self.done[group] = (digest, shards, fields)
+        if skipped:
+            self.skipped[group] = list(skipped)
         if self.progress is not None:
             self.progress(sum(s.samples for s in shards))
 
@@ -124,10 +128,15 @@ class _Run:
         names: dict[str, str] = {}
         for g in order:
             names.update(fields_of(self.done[g][2]))
+        meta = dict(self.meta)
+        skipped = [s for g in order for s in self.skipped.get(g, ())]
+        if skipped:  # inputs build left out (corrupt images): counted, the first SKIPPED_NAMED named
+            meta["skipped_count"] = len(skipped)
+            meta["skipped"] = [{"path": w, "reason": r} for w, r in skipped[:SKIPPED_NAMED]]
         return Manifest(
             shards=[s for g in order for s in self.done[g][1]],
             fields=names,
-            meta={**self.meta, "conversion": {"complete": complete}},
+            meta={**meta, "conversion": {"complete": complete}},
             url=join_url(self.dest, MANIFEST_NAME),
         )
 
@@ -145,8 +154,11 @@ class _Run:
             # folder's fsync to this, once per record instead of once per shard)
             storage.sync_directory(os.path.abspath(local_path(self.dest)))
         groups = {g: (d, shards) for g, (d, shards, _) in self.done.items()}
-        write_state(self.dest, self.identity, groups, manifest, self.io)
+        write_state(self.dest, self.identity, groups, manifest, self.io, self.skipped)
 
+
+SKIPPED_NAMED = 1000
+"""Skipped inputs the manifest names (``meta.skipped``); ``meta.skipped_count`` counts them all."""
 
 COMMIT_THREADS = 4
 """Threads of a local conversion that make finished shards durable and name them."""
@@ -194,7 +206,7 @@ class _Tasks:
                 except OSError as e:
                     raise ConversionError(f"making the shards of group {group} of {self.run.dest} durable failed: "
                                           f"{type(e).__name__}: {e}") from e  # fmt: skip
-                self.run.finish(group, digest, list(result.shards), list(result.fields))
+                self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
                 continue
             group, digest = self.writing.pop(fut)
             try:
@@ -206,7 +218,7 @@ class _Tasks:
             if result.staged and self.committer is not None:
                 self.committing[self.committer.submit(_commit, result.staged)] = (group, digest, result)
             else:
-                self.run.finish(group, digest, list(result.shards), list(result.fields))
+                self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
         if len(self.run.done) > finished:
             self.run.record()
 
@@ -218,7 +230,7 @@ class _Tasks:
                 fut.result()
             except Exception:  # noqa: BLE001 - the failure being raised says what went wrong
                 continue
-            self.run.finish(group, digest, list(result.shards), list(result.fields))
+            self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
         self.committing.clear()
 
     def close(self) -> None:
@@ -333,7 +345,7 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
             old = previous.groups.get(number)
             if old is not None and old[0] == digest and _still_there(old[1], dest, io):
                 run.kept += len(old[1])
-                run.finish(number, digest, old[1], previous.fields)
+                run.finish(number, digest, old[1], previous.fields, previous.skipped.get(number, ()))
                 continue
             tasks.submit(number, digest, group, build, context, plan)
         tasks.drain()

@@ -16,6 +16,10 @@ stream order). With one sample per input and ``group_size == max_count`` (every
 converter's default) each group fills exactly one shard, and the shards are
 ``<prefix>-000000.tar``, ``<prefix>-000001.tar``, ... as before. A group that
 yields no sample writes no shard.
+
+An input that ``build`` leaves out (a corrupt image under a skip policy) is
+yielded as :class:`Skipped`: it writes nothing, and the engine names it in the
+manifest's ``meta.skipped``.
 """
 
 from __future__ import annotations
@@ -36,12 +40,21 @@ from ..format.manifest import ShardInfo
 from ..storage.urls import join_url, local_path
 from ..writer import ShardFile, tar_size
 
-__all__ = ["Build", "GroupPlan", "GroupResult", "shard_name", "write_group", "group_digest"]
+__all__ = ["Build", "GroupPlan", "GroupResult", "Skipped", "shard_name", "write_group", "group_digest"]
 
 log = logging.getLogger(__name__)
 
-# build(inputs, context) yields (key, {field: bytes}) or (key, {field: bytes}, sizes row)
-Build = Callable[[list[Any], Any], Iterator[tuple[Any, ...]]]
+# build(inputs, context) yields (key, {field: bytes}) or (key, {field: bytes}, sizes row), or
+# Skipped for an input it leaves out
+Build = Callable[[list[Any], Any], Iterator[Any]]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What ``build`` yields for an input it leaves out: where (a path or key) and why."""
+
+    where: str
+    reason: str
 
 
 def shard_name(prefix: str, group: int, part: int, compression: str | None = None) -> str:
@@ -86,13 +99,15 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class GroupResult:
-    """What one task wrote: its shards in order, with the field names each holds, and
-    (``GroupPlan.staged``) the ``(temporary, final path)`` of each file still to commit."""
+    """What one task wrote: its shards in order, with the field names each holds,
+    (``GroupPlan.staged``) the ``(temporary, final path)`` of each file still to commit,
+    and the ``(where, reason)`` of each input ``build`` skipped."""
 
     group: int
     shards: tuple[ShardInfo, ...]
     fields: tuple[str, ...]
     staged: tuple[tuple[str, str], ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()
 
 
 def group_digest(inputs: Sequence[Any], plan: GroupPlan) -> str:
@@ -118,12 +133,16 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     infos: list[ShardInfo] = []
     fields: set[str] = set()
     staged: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = []
     shard: ShardFile | None = None
     part = 0
     url = join_url(plan.dest, shard_name(plan.prefix, group, 0, plan.compression))
     max_count, max_bytes = plan.max_count, plan.max_bytes
     try:
         for item in build(inputs, context):
+            if isinstance(item, Skipped):
+                skipped.append((item.where, item.reason))
+                continue
             key, data = item[0], item[1]
             sizes = item[2] if len(item) > 2 else None
             if shard is not None and (
@@ -155,7 +174,7 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     finally:
         if shard is not None:  # an error mid-shard: drop it (nothing appears at its name)
             shard.__exit__(ConversionError, ConversionError("aborted"), None)
-    return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged))
+    return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged), tuple(skipped))
 
 
 def exit_with_parent(parent: int) -> None:
