@@ -132,3 +132,46 @@ def test_the_plot_shows_the_rate_that_is_printed(images: Path, tmp_path: Path, c
     assert low - 0.005 <= out["samples_per_s"] <= high + 0.005
     # the pass ends with its last batch: the rate is not diluted by the workers' shut-down
     assert out["seconds"] + 5e-5 >= drawn["timeline"][-1][0]  # "seconds" is rounded to 0.1 ms
+
+
+def mixed_folder(root: Path) -> None:
+    """Two classes of JPEG and PNG images of different sizes, and one corrupt image."""
+    rng = np.random.default_rng(7)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(6):
+            fmt, ext = ("JPEG", "jpg") if i % 2 else ("PNG", "png")
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (20 + 3 * i, 30 + 5 * i, 3), dtype=np.uint8)).save(buf, fmt)
+            (root / c / f"{i}.{ext}").write_bytes(buf.getvalue())
+    (root / "a" / "broken.jpg").write_bytes(jpeg(0)[:60])
+
+
+def test_bench_works_by_default_on_a_converted_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mixed_folder(tmp_path / "src")
+    assert main(["convert", "imagefolder", str(tmp_path / "src"), str(tmp_path / "shards"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(tmp_path / "shards"), "--workers", "2", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "resize       every image to 224x224 (bench default" in out
+    rate = next(line for line in out.splitlines() if line.startswith("throughput"))
+    assert float(rate.split()[1].replace(",", "")) > 0
+    assert "samples      12 in 3 batches" in out
+    # --resize none keeps the sizes: a one-line error that names the way out, exit 1
+    assert main(["bench", str(tmp_path / "shards"), "--workers", "2", "--resize", "none"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot batch field 'image'" in err and "--resize H,W" in err and "Traceback" not in err
+
+
+def test_bench_skips_and_counts_corrupt_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "raw"
+    with ShardWriter(str(folder / "train-%06d.tar"), max_count=5) as w:
+        for i in range(12):
+            w.write({"__key__": f"k{i:03d}", "jpg": jpeg(i) if i != 4 else b"\xff\xd8garbage", "cls": i % 2})
+    out = bench_json(capsys, str(folder), "--workers", "2", "--batch-size", "4")
+    assert out["samples"] == 11 and out["skipped"] == 1 and out["skipped_by_reason"] == {"decode": 1}
+    assert out["config"]["on_error"] == "skip" and out["samples_per_s"] > 0
+    assert main(["bench", str(folder), "--workers", "2", "--on-error", "raise"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sample 'k004': cannot decode field 'jpg'" in err[0]
+    assert err[0].endswith("(in DataLoader worker process 0)") or err[0].endswith("(in DataLoader worker process 1)")

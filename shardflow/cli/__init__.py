@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from ..errors import ShardflowError
 
-__all__ = ["COMMANDS", "main", "build_parser", "command_in"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_in", "error_text"]
 
 # command modules, in the order `shardflow --help` lists them, with the one-line help each module's
 # register() gives its parser (tests/test_cli_startup.py checks that the two agree). A command's module
@@ -92,11 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except ShardflowError as e:
-        print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:  # ImportError: names the extra
-        print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
+    except (ShardflowError, FileNotFoundError, FileExistsError, ValueError, ImportError) as e:  # ImportError: names the extra
+        print(f"shardflow {args.command}: error: {error_text(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -107,6 +104,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
         return 0
+
+
+def error_text(error: BaseException) -> str:
+    """An error's message without the worker traceback that torch's DataLoader puts in it.
+
+    An exception raised in a DataLoader worker is re-raised in the parent with the message
+    ``Caught X in DataLoader worker process N.\nOriginal Traceback ...``; what the user needs
+    is the original message (the exception line and what follows it) and the worker.
+    """
+    text = str(error)
+    head, sep, rest = text.partition("\nOriginal Traceback (most recent call last):\n")
+    if not sep:
+        return text
+    lines = rest.rpartition("Traceback (most recent call last):\n")[2].splitlines()  # the last of a chain
+    start = next((i for i, line in enumerate(lines) if line and not line[0].isspace()), None)
+    if start is None:
+        return text
+    first = lines[start].split(": ", 1)[-1] if ": " in lines[start] else lines[start]
+    where = head.removeprefix("Caught ").split(" in ", 1)[-1].rstrip(".")
+    return "\n".join([first, *lines[start + 1 :]]) + f" (in {where})"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,12 @@ shard files' sizes after a full pass without one), time to the first batch
 ``--plot`` it saves throughput over time as a PNG. ``--config`` takes a
 pipeline config (:mod:`shardflow.config`); flags given on the command line
 override its keys.
+
+Without ``--config`` the bench works on every dataset ``convert`` makes: when the
+manifest lists image fields and images are decoded, every image is resized to
+:data:`DEFAULT_RESIZE` for the measurement (images of different sizes then batch;
+the output says so; ``--resize none`` keeps sizes), and bad samples are skipped
+and counted (``on_error="skip"``; ``--on-error`` as in a training config).
 """
 
 from __future__ import annotations
@@ -19,11 +25,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..codecs import IMAGE_FIELD, is_image_field
-from ..config import PipelineConfig, load_config, loader_from_config
-from ..errors import missing_dependency
+from ..config import ON_ERROR_CHOICES, PipelineConfig, load_config, loader_from_config
+from ..errors import SampleError, missing_dependency
+from . import error_text
 from .options import add_io_arguments, storage_options
 from .progress import progress_bar
 from .units import counted, human_bytes
+
+
+DEFAULT_RESIZE = (224, 224)
+"""Image size (height, width) of a bench without ``--config`` or ``--resize`` on a dataset of images."""
+
+DEFAULT_ON_ERROR = "skip"
+"""Bad-sample policy of a bench without ``--config`` or ``--on-error``."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Stream a dataset through shardflow.loader (one epoch, or --seconds) and print "
         "samples/s, MiB/s of shard bytes and time to first batch. Flags override --config keys; "
         "without a config, defaults are those of shardflow.config.PipelineConfig with "
-        "min(4, CPUs) workers.",
+        "min(4, CPUs) workers, images resized to 224x224 (so that images of different sizes batch) "
+        "and bad samples skipped and counted.",
     )
     parser.add_argument("url", nargs="?", help="dataset folder, manifest URL or pattern (default: the config's source)")
     parser.add_argument("--config", help="pipeline config YAML (see configs/)")
@@ -44,7 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, help="shuffle seed")
     parser.add_argument("--fields", help="comma-separated fields to keep (e.g. jpg,cls)")
     parser.add_argument("--resize", metavar="H[,W]",
-                        help="resize every decoded image to H x W pixels (images of different sizes batch)")
+                        help="resize every decoded image to H x W pixels, or 'none' to keep sizes (default without "
+                        "--config: 224x224 when the dataset holds images, so that images of different sizes batch)")
+    parser.add_argument("--on-error", choices=ON_ERROR_CHOICES,
+                        help="bad samples: raise, skip or warn, as in a training config (default without --config: "
+                        "skip; skipped samples are counted in the output)")
     parser.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: one full epoch)")
     parser.add_argument("--plot", metavar="OUT.png", help="save throughput over time as a PNG")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -60,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         if args.url:
             changes["source"] = args.url
     elif args.url:
-        cfg = PipelineConfig(source=args.url, num_workers=min(4, os.cpu_count() or 1))
+        cfg = PipelineConfig(source=args.url, num_workers=min(4, os.cpu_count() or 1), on_error=DEFAULT_ON_ERROR)
         changes = {}
     else:
         raise ValueError("give a dataset URL or --config")
@@ -76,11 +95,15 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         changes["seed"] = args.seed
     if args.fields:
         changes["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
-    if args.resize:
+    if args.on_error is not None:
+        changes["on_error"] = args.on_error
+    if args.resize and args.resize.lower() == "none":
+        changes["resize"] = None
+    elif args.resize:
         try:
             dims = [int(d) for d in args.resize.replace("x", ",").split(",")]
         except ValueError:
-            raise ValueError(f"--resize takes H or H,W in pixels, got {args.resize!r}") from None
+            raise ValueError(f"--resize takes H or H,W in pixels, or none, got {args.resize!r}") from None
         changes["resize"] = dims[0] if len(dims) == 1 else dims
     if args.storage_option:
         changes["storage_options"] = {**cfg.storage_options, **storage_options(args.storage_option)}
@@ -169,23 +192,45 @@ def batchable_fields(manifest_fields: Iterable[str]) -> list[str] | None:
     return [IMAGE_FIELD] + [f for f in names if f not in images]
 
 
+def _defaults(cfg: PipelineConfig, manifest: Any, args: argparse.Namespace) -> tuple[PipelineConfig, bool]:
+    """The config with the bench's defaults for a dataset of images: the fields to batch,
+    and (no ``--config``, no ``--resize``) :data:`DEFAULT_RESIZE`; and whether that resize applies."""
+    changes: dict[str, Any] = {}
+    if cfg.fields is None:
+        fields = batchable_fields(manifest.fields)
+        if fields is not None:
+            changes["fields"] = fields
+    resized = (not args.config and args.resize is None and cfg.resize is None and cfg.decode is not None
+               and any(is_image_field(f) for f in (cfg.fields or manifest.fields)))  # fmt: skip
+    if resized:
+        changes["resize"] = list(DEFAULT_RESIZE)
+    return (cfg.replace(**changes) if changes else cfg), resized
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     loader = loader_from_config(cfg)
     ds = loader.dataset
     manifest = getattr(ds, "manifest", None)
-    if cfg.fields is None and manifest is not None:
-        fields = batchable_fields(manifest.fields)
-        if fields is not None:
-            cfg = cfg.replace(fields=fields)
+    resized = False
+    if manifest is not None:
+        new, resized = _defaults(cfg, manifest, args)
+        if new != cfg:
+            cfg = new
             loader = loader_from_config(cfg)
             ds = loader.dataset
     try:
         total: int | None = len(ds)
     except TypeError:
         total = None
-    with progress_bar("bench", total=total, unit="sample") as update:
-        result = measure(loader, seconds=args.seconds, progress=update)
+    try:
+        with progress_bar("bench", total=total, unit="sample") as update:
+            result = measure(loader, seconds=args.seconds, progress=update)
+    except SampleError as e:
+        if "cannot batch field" not in str(e):
+            raise
+        raise SampleError(f"{error_text(e)}. In shardflow bench: --resize H,W (or a config with resize:)",
+                          reason=e.reason) from None  # fmt: skip
     complete = not result["stopped_early"] or (total is not None and result["samples"] >= total)
     nbytes, bytes_from = _shard_bytes(ds, result["samples"], complete)
     secs = result["seconds"]
@@ -205,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         "mib_per_s": round(nbytes / secs / 2**20, 3) if nbytes is not None and secs > 0 else None,
         "skipped": int(ds.stats.get("skipped", 0)),
         "skipped_by_reason": _reasons(ds.stats),
+        "resize": list(cfg.resize) if cfg.resize is not None else None,
+        "resize_is_bench_default": resized,
         "config": cfg.to_dict(),
     }
     timeline = result["timeline"]
@@ -236,6 +283,11 @@ def _title(cfg: PipelineConfig) -> str:
 def format_result(out: dict[str, Any], cfg: PipelineConfig) -> str:
     """The human-readable form of a bench result."""
     lines = [f"bench        {_title(cfg)}"]
+    if out.get("resize") is not None:
+        h, w = out["resize"]
+        why = (" (bench default, so that images of different sizes batch; --resize H,W or --resize none)"
+               if out.get("resize_is_bench_default") else "")
+        lines.append(f"resize       every image to {h}x{w}{why}")
     span = "one epoch" if out["epoch_complete"] else "stopped by --seconds"
     lines.append(f"samples      {out['samples']:,} in {counted(out['batches'], 'batch', 'batches')}, {out['seconds']:.2f} s ({span})")
     if out["first_batch_s"] is not None:
