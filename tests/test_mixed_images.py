@@ -72,11 +72,14 @@ def test_the_converter_records_the_image_fields(converted):
 
 def test_bench_reads_the_mixed_folder(converted, capsys):
     shards, _ = converted
-    # without --fields the image fields are read as one ("image"); sizes differ, so the
-    # error says how to resize, and --resize makes it batch
-    assert main(["bench", str(shards), "--workers", "0", "--batch-size", "4"]) == 1
+    # without --fields the image fields are read as one ("image"); sizes differ: the bench
+    # resizes them by default (and says so); --resize none gives the error, which names --resize
+    assert main(["bench", str(shards), "--workers", "0", "--batch-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["resize"] == [224, 224] and out["resize_is_bench_default"] and out["samples"] == N
+    assert main(["bench", str(shards), "--workers", "0", "--batch-size", "4", "--resize", "none"]) == 1
     err = capsys.readouterr().err
-    assert "cannot batch field 'image'" in err and "Resize" in err
+    assert "cannot batch field 'image'" in err and "--resize H,W" in err
     assert main(["bench", str(shards), "--workers", "2", "--batch-size", "4", "--resize", "24", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["samples"] == N and out["batches"] == 2 and out["epoch_complete"]
