@@ -236,3 +236,42 @@ def test_a_path_with_nothing_to_read_exits_1(tmp_path: Path, capsys: pytest.Capt
     info = json.loads(capsys.readouterr().out)
     assert info["samples"] == 0
     assert info["errors"] == [f"{missing}: shard not found: {missing}"]
+
+
+def mixture_config(tmp_path, s3_prefix, s3_options, monkeypatch):
+    """A local source of 10 samples and an S3 source (moto) of 7 whose storage options are its
+    own: the config-level options point at a closed port, and the environment names no endpoint."""
+    import yaml
+
+    from shardflow import ShardWriter
+
+    with ShardWriter(str(tmp_path / "local" / "train-%06d.tar"), max_count=4) as w:
+        for i in range(10):
+            w.write({"__key__": f"l{i:03d}", "cls": i % 3})
+    with ShardWriter(s3_prefix + "remote/train-%06d.tar", max_count=4, storage_options=s3_options) as w:
+        for i in range(7):
+            w.write({"__key__": f"r{i:03d}", "cls": 5})
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": [{"url": str(tmp_path / "local"), "weight": 1},
+                   {"url": s3_prefix + "remote", "weight": 1, "storage_options": s3_options}],
+        "samples_per_epoch": 10,
+        "storage_options": {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}},
+    }))
+    return cfg
+
+
+def test_mixture_config_reads_each_source_with_its_own_options(moto_server, s3_prefix, s3_options, tmp_path,
+                                                                monkeypatch, capsys):
+    cfg = mixture_config(tmp_path, s3_prefix, s3_options, monkeypatch)
+    assert main(["inspect", str(cfg), "--scan", "--workers", "1", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["errors"] == []
+    assert [p["samples"] for p in info["sources"]] == [10, 7]
+    assert info["samples"] == 17 and info["fields"]["cls"]["samples"] == 17
+    assert {c["label"]: c["samples"] for c in info["classes"]} == {0: 4, 1: 3, 2: 3, 5: 7}
+    assert main(["inspect", str(cfg), "--no-scan", "--keys", "12", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["first_keys"] == [f"l{i:03d}" for i in range(10)] + ["r000", "r001"]

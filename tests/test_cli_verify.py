@@ -177,3 +177,13 @@ def test_remote_dataset(capsys: pytest.CaptureFixture[str], request: pytest.Fixt
         assert f"FAIL {path}: sha256" in out
     finally:
         fs.rm(root.split("://", 1)[1], recursive=True)
+
+
+def test_verify_a_mixture_config_with_per_source_options(moto_server, s3_prefix, s3_options, tmp_path,
+                                                          monkeypatch, capsys):
+    from tests.test_cli_inspect import mixture_config
+
+    cfg = mixture_config(tmp_path, s3_prefix, s3_options, monkeypatch)
+    assert main(["verify", str(cfg), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 5 shards, 17 samples")

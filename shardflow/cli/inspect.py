@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..inspect import summarize
-from .options import add_io_arguments, io_options
+from .options import add_io_arguments, source_and_io
 from .progress import progress_bar, total_samples
 from .units import counted, human_bytes
 
@@ -40,13 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    io = io_options(args)
-    source, per_epoch = args.url, None
-    if str(args.url).endswith((".yaml", ".yml")):  # a pipeline config: its sources (a union or a mixture)
-        from ..config import dataset_from_config
-
-        ds = dataset_from_config(args.url)
-        source, per_epoch, io = ds.source, ds.samples_per_epoch, ds.io
+    # a pipeline config gives its sources (a union or a mixture), each with its own storage options
+    source, io, per_epoch = source_and_io(args)
     with progress_bar("scanning", total=total_samples(source, io), unit="sample") as update:
         info = summarize(
             source, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["add_io_arguments", "io_options", "storage_options"]
+__all__ = ["add_io_arguments", "io_options", "source_and_io", "storage_options"]
 
 STORAGE_OPTION_HELP = (
     "fsspec storage option, repeatable: KEY=VALUE, dotted keys nest "
@@ -38,6 +38,30 @@ def io_options(args: argparse.Namespace) -> Any:
         storage_options=storage_options(args.storage_option),
         trust_manifest_urls=bool(getattr(args, "trust_manifest_urls", False)),
     )
+
+
+def source_and_io(args: argparse.Namespace) -> tuple[Any, Any, int | None]:
+    """What a reading command reads: ``(source, io, samples per epoch)``.
+
+    ``args.url`` is a dataset (returned as given, with the flags' options), or a
+    pipeline config (``.yaml``/``.yml``): then its sources, resolved with each
+    source's own ``storage_options`` (read with them merged over the config's and
+    the flags'), the config's options with the flags' merged over them, and its
+    ``samples_per_epoch``.
+    """
+    io = io_options(args)
+    if not str(args.url).endswith((".yaml", ".yml")):
+        return args.url, io, None
+    from ..config import dataset_from_config, load_config
+
+    cfg = load_config(args.url)
+    changes: dict[str, Any] = {}
+    if io.storage_options:
+        changes["storage_options"] = {**cfg.storage_options, **io.storage_options}
+    if io.trust_manifest_urls:
+        changes["trust_manifest_urls"] = True
+    ds = dataset_from_config(cfg.replace(**changes) if changes else cfg)
+    return ds.source, ds.io, ds.samples_per_epoch
 
 
 def storage_options(pairs: list[str]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..inspect import verify
-from .options import add_io_arguments, io_options
+from .options import add_io_arguments, source_and_io
 from .progress import progress_bar, total_samples
 from .units import counted, human_bytes
 
@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sample count and offset index; parse every sample and decode every field. Each problem is "
         "printed with its shard, key and reason; the exit status is 1 if there is any, else 0.",
     )
-    parser.add_argument("url", help="dataset folder, manifest URL, shard pattern or URL")
+    parser.add_argument("url", help="dataset folder, manifest URL, shard pattern or URL, or a pipeline config "
+                        "(.yaml): its sources, each read with its own storage options")
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: CPUs)")
     parser.add_argument("--no-decode", action="store_true", help="check structure and manifest only, skip decoding")
     parser.add_argument("--mixed-fields", action="store_true",
@@ -32,10 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    io = io_options(args)
-    with progress_bar("verifying", total=total_samples(args.url, io), unit="sample") as update:
+    source, io, _ = source_and_io(args)
+    with progress_bar("verifying", total=total_samples(source, io), unit="sample") as update:
         report = verify(
-            args.url, decode=not args.no_decode, uniform_fields=not args.mixed_fields,
+            source, decode=not args.no_decode, uniform_fields=not args.mixed_fields,
             workers=args.workers, io=io, progress=update,
         )
     if args.json:

@@ -30,7 +30,7 @@ def head(
         spread: pick samples evenly spaced over the whole dataset (needs sample
             counts from a manifest; without one the first ``n`` are taken).
             With an offset index only those samples' bytes are read.
-        io: storage options.
+        io: storage options (a source's own ones are merged over them for its shards).
 
     Returns:
         Sample dicts in dataset order: ``__key__``, ``__url__`` and ``{field: bytes}``.
@@ -46,8 +46,9 @@ def head(
     if spread and counts is not None and int(counts.sum()) > n:
         return _spread(src, n, io)
     out: list[dict[str, Any]] = []
-    for url in src.urls:
-        chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
+    for shard, url in enumerate(src.urls):
+        own = src.options_for(shard, io)  # the shard's source's own storage options
+        chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, own), url)
         it = iter_samples(chunks, url, 0, limit=n - len(out), limits=io.limits)
         try:
             for key, _, fields in it:
@@ -72,19 +73,20 @@ def _spread(src: ShardSet, n: int, io: storage.IOOptions) -> list[dict[str, Any]
         if not mine:
             continue
         offsets = src.load_offsets(shard, io)
+        own = src.options_for(shard, io)
         if offsets is not None:
             frames = src.load_frames(shard, io)  # a framed .tar.zst: tar offsets
             memo: dict[int, bytes] = {}
             for i in mine:
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 if frames is None:
-                    data = storage.read_range(url, lo, hi, io)
+                    data = storage.read_range(url, lo, hi, own)
                 else:
-                    data = storage.read_framed_range(url, lo, hi, frames, io, memo=memo)
+                    data = storage.read_framed_range(url, lo, hi, frames, own, memo=memo)
                 for key, _, fields in iter_samples([data], url, lo, end=hi, limits=io.limits):
                     out.append({"__key__": key, "__url__": url, **fields})
             continue
-        chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, io), url)
+        chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, own), url)
         it = iter_samples(chunks, url, 0, limit=mine[-1] + 1, limits=io.limits)
         take = set(mine)
         try:

@@ -175,7 +175,9 @@ def summarize(
     statistics (``pyg`` fields).
 
     Args:
-        source: anything :class:`~shardflow.ShardDataset` accepts.
+        source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
+            :class:`~shardflow.source.ShardSet` (a config's sources: each shard is
+            read with its source's own storage options merged over ``io``).
         keys: how many of the first keys to list.
         scan: True always scans, False never does (manifest facts only), None
             decides as above.
@@ -250,7 +252,8 @@ def summarize(
     labels: Counter | None = None
     field_counts: Counter | None = None
     if scan:
-        tasks = [_ScanTask(u, io, label, keys, max_graphs) for u in src.urls]
+        # each shard read with its source's own storage options (a mixture of buckets)
+        tasks = [_ScanTask(u, src.options_for(i, io), label, keys, max_graphs) for i, u in enumerate(src.urls)]
         workers = default_workers(src) if workers is None else workers
         preload(src, workers)
         results: list[_ScanResult] = map_shards(_scan_shard, tasks, workers, progress)
@@ -260,7 +263,7 @@ def summarize(
     else:
         out["first_keys"] = [s["__key__"] for s in head(src, keys, io=io)]
         if out["bytes"] is None:
-            out["bytes"] = sum(storage.object_size(u, io) for u in src.urls)
+            out["bytes"] = sum(storage.object_size(u, src.options_for(i, io)) for i, u in enumerate(src.urls))
     out["fields"] = {
         name: {"codec": codec, "samples": field_counts.get(name, 0) if field_counts is not None else None}
         for name, codec in sorted(field_codecs.items())

@@ -231,7 +231,9 @@ def verify(
     field the manifest does not list.
 
     Args:
-        source: anything :class:`~shardflow.ShardDataset` accepts.
+        source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
+            :class:`~shardflow.source.ShardSet` (each shard is read with its
+            source's own storage options merged over ``io``).
         decode: decode every field (False: structure and manifest checks only).
         uniform_fields: report samples missing fields that most samples have.
         workers: processes, one shard each at a time (default: the CPU
@@ -252,8 +254,8 @@ def verify(
     src = resolve_source(source, io)
     m = src.manifest
     infos: list[ShardInfo | None] = list(m.shards) if m is not None else [None] * len(src.urls)
-    tasks = [_VerifyTask(u, info, idx, io, decode, src.frames_url(i, io))
-             for i, (u, info, idx) in enumerate(zip(src.urls, infos, src.index_urls))]
+    tasks = [_VerifyTask(u, info, idx, src.options_for(i, io), decode, src.frames_url(i, io))  # its source's options
+             for i, (u, info, idx) in enumerate(zip(src.urls, infos, src.index_urls))]  # fmt: skip
     workers = default_workers(src) if workers is None else workers
     preload(src, workers)
     results: list[_VerifyResult] = map_shards(_verify_shard, tasks, workers, progress)
