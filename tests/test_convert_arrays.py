@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import json
 import os
 
@@ -232,3 +234,27 @@ def test_cli(tmp_path, images, capsys):
     assert main(["convert", "arrays", str(tmp_path / "nope.npy"), str(tmp_path / "o")]) == 1
     assert "no such file" in capsys.readouterr().err
     assert os.path.exists(tmp_path / "out" / "train-000000.tar.idx.npy")
+
+
+def test_default_chunk_is_shared_by_the_workers(tmp_path, monkeypatch):
+    """Without chunk_rows, the workers together hold DEFAULT_MEMORY_BYTES of rows: a worker
+    reads 32 MiB / workers at once (here 1 MiB rows: 32 rows alone, 16 each for 2 workers)."""
+    from shardflow.convert import arrays
+    from shardflow.convert.engine import ConvertOptions
+
+    x = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.uint8, shape=(70, 1024, 1024))
+    x[:] = np.arange(70, dtype=np.uint8)[:, None, None]
+    x.flush()
+    del x
+    spec = inspect_array(tmp_path / "x.npy")
+    assert arrays.DEFAULT_MEMORY_BYTES == 32 << 20
+    assert [arrays.default_chunk_rows(spec, w) for w in (1, 2, 3, 64)] == [32, 16, 10, 1]
+    reads: list[int] = []
+    real = RowReader.read
+    monkeypatch.setattr(RowReader, "read", lambda self, a, b: reads.append(b - a) or real(self, a, b))
+    m = convert_arrays(tmp_path / "x.npy", str(tmp_path / "out"), options=ConvertOptions(max_count=50, workers=1))
+    assert m.num_samples == 70 and reads == [32, 18, 20]  # shard 0: rows 0-49, shard 1: rows 50-69
+    import shardflow
+
+    got = [np.load(io.BytesIO(bytes(s["npy"]))) for s in shardflow.ShardDataset(str(tmp_path / "out"), decode=None)]
+    assert [(g.shape, int(g[0, 0]), int(g[-1, -1])) for g in got] == [((1024, 1024), i, i) for i in range(70)]

@@ -198,7 +198,7 @@ def _add_arrays(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--array", metavar="NAME", help="the .npz member or HDF5 dataset (when SRC holds several)")
     p.add_argument("--labels", metavar="PATH_OR_NAME", help="labels: a file (FILE or FILE:NAME) or an array name inside SRC")
     p.add_argument("--as", dest="as_image", choices=IMAGE_FORMATS, help="store uint8 (H, W[, 3]) rows as images")
-    p.add_argument("--chunk-rows", type=int, metavar="N", help="rows a worker reads at once (default: 64 MiB worth)")
+    p.add_argument("--chunk-rows", type=int, metavar="N", help="rows a worker reads at once (default: 32 MiB of rows shared by the workers)")
     add_shard_options(p, max_count=None)
     p.set_defaults(max_count=None, func=_arrays)
 
