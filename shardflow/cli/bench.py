@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..codecs import IMAGE_FIELD, is_image_field
-from ..config import ON_ERROR_CHOICES, PipelineConfig, load_config, loader_from_config
+from ..config import PipelineConfig, load_config, loader_from_config
 from ..errors import SampleError, missing_dependency
+from ..policy import ON_ERROR
 from . import error_text
 from .options import add_io_arguments, storage_options
 from .progress import progress_bar
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resize", metavar="H[,W]",
                         help="resize every decoded image to H x W pixels, or 'none' to keep sizes (default without "
                         "--config: 224x224 when the dataset holds images, so that images of different sizes batch)")
-    parser.add_argument("--on-error", choices=ON_ERROR_CHOICES,
+    parser.add_argument("--on-error", choices=ON_ERROR,
                         help="bad samples: raise, skip or warn, as in a training config (default without --config: "
                         "skip; skipped samples are counted in the output)")
     parser.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: one full epoch)")
