@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import os
 
 import numpy as np
 import pytest
@@ -80,3 +81,34 @@ def test_unknown_extension_keeps_bytes_and_encoding_lists_known():
     with pytest.raises(SampleError, match="use one of the extensions .*npy"):
         encode_field("k", "x.weird", object())
     assert {"npy", "json", "cls", "jpg", "pyg"} <= set(known_extensions())
+
+
+def test_a_graph_dataset_imports_its_codec_in_the_parent(tmp_path):
+    """Built over a manifest with a pyg field, a ShardDataset imports torch_geometric at once, so
+    that DataLoader workers forked later do not each import it before their first batch; with
+    decode=None, or fields that leave the graphs out, it does not."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch_geometric")
+    torch = pytest.importorskip("torch")
+    from torch_geometric.data import Data
+
+    import shardflow
+
+    with shardflow.ShardWriter(str(tmp_path / "g-%06d.tar"), max_count=10) as w:
+        for i in range(3):
+            w.write({"__key__": f"{i}", "graph.pyg": Data(x=torch.ones(2, 1), edge_index=torch.zeros(2, 1, dtype=torch.long)),
+                     "cls": i})
+    code = ("import sys, shardflow\n"
+            f"shardflow.ShardDataset({str(tmp_path)!r}, **eval(sys.argv[1]))\n"
+            "print('torch_geometric' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def imported(kwargs: str) -> str:
+        return subprocess.run([sys.executable, "-c", code, kwargs], capture_output=True, text=True, env=env,
+                              check=True, timeout=300).stdout.strip()
+
+    assert imported("{}") == "True"
+    assert imported("{'decode': None}") == "False"
+    assert imported("{'fields': ['cls']}") == "False"

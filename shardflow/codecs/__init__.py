@@ -22,7 +22,7 @@ import functools
 import gzip
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,18 +138,33 @@ class DecodeOptions:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def preload(options: DecodeOptions | None) -> None:
+def preload(options: DecodeOptions | None, fields: Iterable[str] = ()) -> None:
     """Import the decoders ``options`` will use, now.
 
     A dataset calls this when it is built, so that DataLoader workers forked
-    later inherit the loaded modules (Pillow and its plugins) instead of each
-    importing them before its first batch.
-    """
-    if options is None or options.image is None:
-        return
-    from . import image
+    later inherit the loaded modules (Pillow and its plugins; with a graph field
+    among ``fields``, the graph codec and ``torch_geometric``, whose import takes
+    seconds) instead of each importing them before its first batch.
 
-    image.Image.preinit()
+    Args:
+        options: the dataset's decode options (None: raw bytes, nothing to import).
+        fields: the names of the fields that will be decoded (the dataset's
+            ``fields=``, else its manifest's); ``pyg`` fields bring in the graph codec.
+    """
+    if options is None:
+        return
+    if options.image is not None:
+        from . import image
+
+        image.Image.preinit()
+    if any(codec_extension(f) == "pyg" for name in fields for f in field_alternatives(name)):
+        try:
+            from ..graph import decode  # noqa: F401 - the graph decoder's own imports
+            from ..graph.rules import import_pyg
+
+            import_pyg("decoding graph fields")
+        except ImportError:
+            return  # not installed: the first graph decoded raises the error that names the extra
 
 
 Encoder = Callable[[Any, str], bytes]

@@ -148,7 +148,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             self.decode = DecodeOptions(image=decode)
         if max_pixels is not None:
             self.decode = DecodeOptions(**{**asdict(self.decode or DecodeOptions(image=None)), "max_pixels": max_pixels})
-        preload(self.decode)  # here, once: DataLoader workers forked later inherit the decoders
         self.seed = int(seed)
         self.sample_seeding = bool(sample_seeding)
         self.fields = tuple(fields) if fields is not None else None
@@ -165,6 +164,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         World.detect(rank, world_size)  # validates
         self.source: ShardSet = resolve_source(source, io)
         self._check_fields()
+        m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
+        preload(self.decode, self.fields or (m.fields if m is not None else ()))
         self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
         if self.source.counts is None:  # fail here, not later inside a DataLoader worker
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
