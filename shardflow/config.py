@@ -37,7 +37,7 @@ from .codecs import IMAGE_FIELD
 from .errors import ShardflowError
 from .policy import ON_ERROR
 
-__all__ = ["PipelineConfig", "ConfigError", "load_config", "dataset_from_config", "loader_from_config"]
+__all__ = ["PipelineConfig", "ConfigError", "load_config", "dataset_from_config", "loader_from_config", "usable_cpus"]
 
 DECODE_CHOICES = ("numpy", "torch", "pil", None)
 PARTIAL_CHOICES = ("pad", "drop")
@@ -67,7 +67,9 @@ class PipelineConfig:
         fields: field names to keep (``"jpg;png"`` takes the first present), or None for all.
         partial: ``"pad"`` or ``"drop"``: how ranks get equal sample counts.
         batch_size: samples per batch.
-        num_workers: DataLoader worker processes per rank.
+        num_workers: DataLoader worker processes per rank, or ``"auto"``: one per CPU this
+            process may use (``os.sched_getaffinity``, else ``os.cpu_count()``; the count
+            above which torch warns), resolved when the config is built.
         drop_last: drop each rank's last incomplete batch.
         on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
         cache_dir: local folder caching remote shards, or None.
@@ -91,7 +93,7 @@ class PipelineConfig:
     fields: tuple[str, ...] | None = None
     partial: str = "pad"
     batch_size: int = 32
-    num_workers: int = 0
+    num_workers: int | str = 0
     drop_last: bool = False
     on_error: str = "raise"
     cache_dir: str | None = None
@@ -135,8 +137,10 @@ class PipelineConfig:
             raise bad("partial", "pad or drop")
         if not is_int(self.batch_size) or self.batch_size < 1:
             raise bad("batch_size", "an int >= 1")
+        if self.num_workers == "auto":
+            object.__setattr__(self, "num_workers", usable_cpus())
         if not is_int(self.num_workers) or self.num_workers < 0:
-            raise bad("num_workers", "an int >= 0")
+            raise bad("num_workers", "an int >= 0 or auto")
         if not isinstance(self.drop_last, bool):
             raise bad("drop_last", "true or false")
         if self.on_error not in ON_ERROR:
@@ -202,6 +206,12 @@ class PipelineConfig:
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with some keys changed (validated; unknown keys refused)."""
         return PipelineConfig.from_dict({**self.to_dict(), **changes})
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 _SOURCE_KEYS = ("url", "weight", "storage_options", "name")

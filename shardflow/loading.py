@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from .collation import collate as default_collate
+from .dataloader import DataLoader  # torch's, warning once about the worker count
 from .batching import Batching, WorkerItem
 from .dataset import ShardDataset
 from .errors import ShardflowError, StateError

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
     ("plan", ("shardflow.plan", "shardflow.costs", "shardflow.order", "shardflow.mixing", "shardflow.elastic")),
     ("reading", ("shardflow.shardset", "shardflow.source", "shardflow.reader")),
-    ("dataset", ("shardflow.dataset", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
+    ("dataset", ("shardflow.dataset", "shardflow.dataloader", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
                  "shardflow.transforms", "shardflow.batching", "shardflow.transfer")),
     ("tools", ("shardflow.writer", "shardflow.shardfile", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
     ("cli", ("shardflow.cli", "shardflow.config")),

@@ -11,7 +11,7 @@ import yaml
 from PIL import Image
 
 from shardflow import ShardDataset, ShardWriter
-from shardflow.config import ConfigError, PipelineConfig, dataset_from_config, load_config, loader_from_config
+from shardflow.config import ConfigError, PipelineConfig, dataset_from_config, load_config, loader_from_config, usable_cpus
 from shardflow.loading import loader as make_loader  # `shardflow.loader` is shadowed by the submodule once imported
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -43,8 +43,15 @@ def test_shipped_images_and_graphs_configs() -> None:
     assert images.source == "data/images/shardflow.json"
     assert images.shuffle == 1000 and images.decode == "torch" and images.fields == ("image", "cls")
     assert images.resize == (224, 224)
-    assert images.batch_size == 64 and images.num_workers == 4 and images.on_error == "raise"
+    assert images.batch_size == 64 and images.on_error == "raise"
+    assert images.num_workers == usable_cpus() == load_config(CONFIGS / "bucket.yaml",
+                                                              environ={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}).num_workers
     assert set(yaml.safe_load((CONFIGS / "images.yaml").read_text())) == set(PipelineConfig.keys())  # documents every key
+    # every shipped config fits this machine: no more workers than its CPUs, or it says what it assumes
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        text = path.read_text()
+        line = next(x for x in text.splitlines() if x.startswith("num_workers:"))
+        assert "auto" in line or "assumes" in line, (path.name, line)
     graphs = load_config(CONFIGS / "graphs.yaml")
     assert graphs.fields == ("graph.pyg",) and graphs.batch_size == 128 and graphs.shuffle == 5000
 
@@ -106,7 +113,7 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path: Path) -> None:
         ("fields", "jpg", "a list of field names"),
         ("on_error", "ignore", "raise, skip or warn"),
         ("partial", "even", "pad or drop"),
-        ("num_workers", -2, "an int >= 0"),
+        ("num_workers", -2, "an int >= 0 or auto"),
         ("storage_options", "key=1", "a mapping"),
         ("samples_per_epoch", 0, "an int >= 1 or null"),
     ],
@@ -213,3 +220,13 @@ def test_transforms_are_reachable_after_a_plain_import_shardflow() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["loader_from_config", "Resize"]
+
+
+def test_num_workers_auto_is_the_usable_cpu_count() -> None:
+    import os
+
+    cfg = PipelineConfig(source="x", num_workers="auto")
+    want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cfg.num_workers == want and cfg.to_dict()["num_workers"] == want
+    with pytest.raises(ConfigError, match="an int >= 0 or auto"):
+        PipelineConfig(source="x", num_workers="many")
