@@ -84,16 +84,20 @@ def resolve_selection(source: ShardSet, select: Select, io: storage.IOOptions, w
         wanted = frozenset(select)
         keep = wanted.__contains__
 
-    def one(shard: int) -> np.ndarray:
+    def one(shard: int) -> tuple[np.ndarray, set[str]]:
         keys = _keys_of(source.urls[shard], int(counts[shard]), io)
-        return np.asarray([i for i, k in enumerate(keys) if keep(k)], dtype=np.int64)
+        picked = [i for i, k in enumerate(keys) if keep(k)]
+        return np.asarray(picked, dtype=np.int64), ({keys[i] for i in picked} if not callable(select) else set())
 
     with ThreadPoolExecutor(max(1, min(workers, len(source.urls)))) as pool:
-        chosen = list(pool.map(one, range(len(source.urls))))
-    total = sum(len(c) for c in chosen)
-    log.info("select=: %d of %d samples in %d shards", total, int(counts.sum()), len(chosen))
-    if not callable(select) and total < len(wanted):
-        log.warning("select=: %d of the %d keys given are in no shard", len(wanted) - total, len(wanted))
+        results = list(pool.map(one, range(len(source.urls))))
+    chosen = [c for c, _ in results]
+    log.info("select=: %d of %d samples in %d shards", sum(len(c) for c in chosen), int(counts.sum()), len(chosen))
+    if not callable(select):
+        found = set().union(*(f for _, f in results))
+        if len(found) < len(wanted):
+            log.warning("select=: %d of the %d keys given are in no shard (e.g. %r)", len(wanted) - len(found),
+                        len(wanted), sorted(wanted - found)[:3])
     return chosen
 
 

@@ -47,7 +47,7 @@ from .format.manifest import (
 )
 from .graph import is_graph
 from .shardfile import ShardFile
-from .storage.folder import folder_manifest, same_folder, series_number, shard_names
+from .storage.folder import folder_manifest, series_number, shard_names
 from .storage.locks import DestinationLock, remove_stale_temporaries
 from .storage.urls import join_url, local_path, parent_url
 
@@ -313,9 +313,8 @@ class ShardWriter:
         ones of this writer's series (from ``start_shard`` on), which this run replaces."""
         if old is None:
             return
-        mine = same_folder(self.pattern, self.manifest_url or "")
         for info in old.shards:
-            number = series_number(info.url, self.pattern) if mine else None
+            number = series_number(info.url, self.pattern)  # shards are listed by their basename
             if number is not None and number >= self.start_shard:
                 self._replaced.append(info)
             else:

@@ -141,3 +141,11 @@ def test_a_filtering_transform_repeats_batches_and_warns_with_the_count(data, ca
                 seen.extend(counts)
     assert sorted(seen) == sorted(selected)  # every selected sample arrives
     assert repeated_samples == 8  # and these twice: what select= avoids
+
+
+def test_keys_in_no_shard_are_named(data, caplog):
+    folder, keys, selected = data
+    with caplog.at_level(logging.WARNING, logger="shardflow.selection"):
+        ds = shardflow.ShardDataset(str(folder), decode=None, select=[selected[0], "nope"])
+    assert [s["__key__"] for s in ds] == [selected[0]]
+    assert "1 of the 2 keys given are in no shard (e.g. ['nope'])" in caplog.text

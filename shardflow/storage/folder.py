@@ -22,9 +22,9 @@ from ..format.manifest import JOURNAL_SUFFIX, Manifest, ShardInfo, manifest_from
 from .filesystems import filesystem
 from .options import IOOptions
 from .output import open_output
-from .urls import is_local, local_path, parent_url
+from .urls import is_local, local_path
 
-__all__ = ["verify_shard", "replay_journal", "folder_manifest", "series_number", "shard_names", "same_folder"]
+__all__ = ["verify_shard", "replay_journal", "folder_manifest", "series_number", "shard_names"]
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,3 @@ def shard_names(shards: Sequence[ShardInfo]) -> str:
     names = [s.url for s in shards]
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
-
-def same_folder(pattern: str, manifest_url: str) -> bool:
-    """Whether shards named by ``pattern`` lie beside the manifest (listed by basename)."""
-    return parent_url(pattern).rstrip("/") == parent_url(manifest_url).rstrip("/")
