@@ -110,6 +110,11 @@ def test_pickle_fields_of_any_buffer(form):
     data = buf.getvalue()
     assert bytes(decode_field("a.pth", form(data), DecodeOptions())) == data  # not opted in: bytes
     assert torch.equal(decode_field("a.pt", form(data), DecodeOptions(allow_pickle=True))["t"], t)
+    import pickle
+
+    plain = pickle.dumps({"a": list(range(MiB // 8))})
+    for ext in ("pkl", "pickle"):
+        assert decode_field(f"a.{ext}", form(plain), DecodeOptions(allow_pickle=True)) == pickle.loads(plain)
 
 
 def test_every_registered_codec_is_covered():
