@@ -162,6 +162,7 @@ class ShardLoader:
         last: Any = None
         owed = 0  # planned batches whose samples were all dropped, before any batch arrived
         repeated = 0
+        again = 0  # samples yielded again in the repeated batches
         try:
             for item in it:
                 if not isinstance(item, WorkerItem):
@@ -184,13 +185,17 @@ class ShardLoader:
                     if last is None:
                         owed += 1
                         continue
+                    again += batch_samples(last)
                     yield last
                     continue
                 last = item.data
+                again += owed * batch_samples(item.data)
                 for _ in range(owed):
                     yield item.data
                 owed = 0
                 yield item.data
+            if repeated:
+                warn_repeated(ds, self._epoch, repeated, again)
             if owed:
                 raise ShardflowError(
                     f"every sample of the epoch's batches was dropped under on_error={ds.on_error!r} "
@@ -274,6 +279,23 @@ def _merge_stats(per_worker: Mapping[int, Mapping[str, Any]]) -> Counter[str]:
     for reason, urls in shards.items():
         total[reason] = len(urls)
     return total
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a collated batch: its ``__key__`` list (0 when a custom collate kept none)."""
+    keys = batch.get("__key__") if isinstance(batch, Mapping) else None
+    return len(keys) if isinstance(keys, (list, tuple)) else 0
+
+
+def warn_repeated(ds: Any, epoch: int | None, batches: int, samples: int) -> None:
+    """The once-per-epoch warning that batches were repeated to keep the ranks' batch counts equal."""
+    log.warning(
+        "epoch %s: %d batch(es) of this rank had every sample dropped (%d filtered by the transform returning "
+        "None, %d skipped under on_error=%r) and were replaced by a repeat of a batch: %d sample(s) seen again "
+        "this epoch, so that every rank takes len(loader) steps. To select samples without repeats, plan the "
+        "selection: ShardDataset(select=...)",
+        epoch, batches, ds.stats.get("filtered", 0), ds.stats.get("skipped", 0), ds.on_error, samples,
+    )
 
 
 def loader(

@@ -34,7 +34,7 @@ plus the declared padding (``partial="pad"``) or minus the declared drop.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -61,6 +61,7 @@ __all__ = [
     "buffer_shuffle_order",
     "shuffle_buffer",
     "split_unsized",
+    "select_plan",
 ]
 
 
@@ -160,6 +161,9 @@ class RankPlan:
             ``emit`` position ``batch_ends[b]`` (exclusive); None otherwise.
         quotas: in a weighted mixture, the rank's samples of each source this
             epoch (:func:`shardflow.mixing.rank_quotas`); None otherwise.
+        contiguous: False when :attr:`read_sample` skips samples of a shard that
+            no read position holds (a selection, :func:`select_plan`): a reader
+            seeks, through the offset index, at every such gap.
     """
 
     samples: int
@@ -173,6 +177,7 @@ class RankPlan:
     emit: np.ndarray
     batch_ends: np.ndarray | None = None
     quotas: tuple[int, ...] | None = None
+    contiguous: bool = True
 
     def batch_positions(self, batches: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """Sizes of the given batches and their :attr:`emit` entries, concatenated in order."""
@@ -372,3 +377,43 @@ def split_unsized(num_shards: int, world: World, seed: int, epoch: int, shuffle:
     order = shard_order(num_shards, seed, epoch, shuffle)
     mine = order[world.rank :: world.world_size]
     return [int(s) for s in mine[world.worker :: world.num_workers]]
+
+
+def select_plan(plan: RankPlan, chosen: Sequence[np.ndarray], expand: int = 1) -> RankPlan:
+    """A plan made over selected samples, mapped back to the shards' own sample numbers.
+
+    The plan was made (:func:`plan_epoch`) with ``len(chosen[s]) * expand`` items per
+    shard ``s``; item ``i`` of shard ``s`` there is item ``chosen[s][i // expand] *
+    expand + i % expand`` of the shard itself. Counts, batches and the yield order stay
+    as planned, so every rank still gets the same number of samples and batches, and
+    over an epoch the ranks together see every selected sample exactly once (plus the
+    declared padding).
+
+    Args:
+        plan: one rank's plan over the selection.
+        chosen: per shard (manifest order), the selected sample numbers, sorted
+            int64 arrays.
+        expand: items per stored sample (:mod:`shardflow.expand`).
+
+    Returns:
+        The same plan with :attr:`RankPlan.read_sample` and the segments' bounds in
+        the shards' own numbering, and ``contiguous=False``.
+    """
+    sizes = np.asarray([len(c) for c in chosen], dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    flat = np.concatenate([np.asarray(c, dtype=np.int64) for c in chosen]) if len(chosen) else np.zeros(0, np.int64)
+
+    def real(shard: np.ndarray, item: np.ndarray) -> np.ndarray:
+        return flat[base[shard] + item // expand] * expand + item % expand
+
+    shard_of = np.asarray([sg.shard for sg in plan.segments], dtype=np.int64)
+    if len(plan.read_sample):
+        read = real(shard_of[plan.read_segment.astype(np.int64)], plan.read_sample.astype(np.int64))
+    else:
+        read = plan.read_sample.astype(np.int64)
+    segments = tuple(
+        Segment(sg.shard, int(real(np.int64(sg.shard), np.int64(sg.start))), int(real(np.int64(sg.shard), np.int64(sg.stop - 1))) + 1)
+        if sg.stop > sg.start else sg
+        for sg in plan.segments
+    )
+    return replace(plan, read_sample=read, segments=segments, contiguous=False)

@@ -23,8 +23,11 @@ from typing import Any
 
 from . import storage
 from .errors import ManifestError, SourceError
-from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts, manifest_from_journal
+from .format.journal import manifest_from_journal
+from .format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts
 from .shardset import ShardSet, Source, SourcePart, listed_url, read_all
+from .storage.folder import verify_shard
+from .storage.urls import local_path
 from .urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
 __all__ = ["Source", "SourcePart", "ShardSet", "resolve_source", "load_manifest", "listed_url"]
@@ -130,7 +133,10 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
         journal = murl + JOURNAL_SUFFIX
         if storage.exists(journal, options):
             # a ShardWriter that never closed (killed): the shards it finished
-            manifest = manifest_from_journal(read_all(journal, options), murl)
+            # its last entry without a commit line counts only if the shard is whole at its name
+            folder = os.path.abspath(local_path(source)) if storage.is_local(source) else None
+            verify = (lambda s: verify_shard(folder, s)) if folder else None
+            manifest = manifest_from_journal(read_all(journal, options), murl, verify)
             check_counts(manifest, options.limits)
             log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
                         source, len(manifest.shards))

@@ -7,9 +7,16 @@ name and appears at its final name only when complete. The manifest
 closes (or aborts after an exception: it then lists the finished shards). While
 it runs, a local writer appends one line per finished shard to
 ``shardflow.json.journal`` (constant cost per shard), so that a writer killed at
-any point leaves a journal that lists only complete shards; a dataset opened on
-a folder with a journal and no manifest replays it. A killed remote writer
-leaves complete shards and no manifest (``shardflow index`` writes one).
+any point leaves a journal that lists every shard at its name and nothing else;
+a dataset opened on a folder with a journal and no manifest replays it, and the
+next writer of the folder replays it into the manifest before anything else. A
+killed remote writer leaves complete shards and no manifest (``shardflow index``
+writes one).
+
+A folder may hold several writers' shards (``train-%06d.tar`` and ``val-%06d.tar``):
+a writer keeps every shard the folder's manifest lists except the earlier ones of its
+own series (its pattern, numbers from ``start_shard`` on), which it replaces; the
+manifest lists the kept shards, then its own (see ``docs/writing.md``).
 """
 
 from __future__ import annotations
@@ -34,11 +41,11 @@ from .format.manifest import (
     ShardInfo,
     encode_offsets,
     fields_of,
-    journal_entry,
-    journal_header,
 )
+from .format.journal import journal_commit, journal_entry, journal_header
 from .graph import is_graph
 from .shardfile import ShardFile
+from .storage.folder import folder_manifest, series_number, shard_names
 from .storage.locks import DestinationLock, remove_stale_temporaries
 from .storage.urls import join_url, local_path, parent_url
 
@@ -128,6 +135,10 @@ class ShardWriter:
             False writes none.
         meta: the manifest's ``meta`` object.
         index: write a per-shard offset index (``<shard>.idx.npy``).
+        overwrite: start a new manifest, listing this writer's shards only (the
+            folder's earlier manifest or journal is dropped; its files stay).
+            Without it, the shards the folder's manifest lists are kept, except
+            the earlier shards of this writer's own series, which it replaces.
         storage_options: passed to fsspec for remote destinations.
         io: how shards are written, a :class:`~shardflow.storage.IOOptions`
             (instead of ``storage_options``).
@@ -142,6 +153,8 @@ class ShardWriter:
         ValueError: bad ``pattern``, ``max_count`` or ``max_bytes``, or both
             ``io`` and ``storage_options``.
         SampleError: from :meth:`write`, for an invalid sample.
+        ManifestError: from the first :meth:`write`, when the folder's manifest
+            or journal cannot be read (and ``overwrite`` is False).
     """
 
     def __init__(
@@ -154,6 +167,7 @@ class ShardWriter:
         manifest: str | bool = True,
         meta: Mapping[str, Any] | None = None,
         index: bool = True,
+        overwrite: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         io: storage.IOOptions | None = None,
         compression: str | None = None,
@@ -173,6 +187,9 @@ class ShardWriter:
         self.index = index
         self.compression = compression
         ShardFile.check_compression(compression)
+        self.overwrite = overwrite
+        self.start_shard = start_shard
+        self._replaced: list[ShardInfo] = []  # shards of this series an earlier run left listed
         folder = parent_url(pattern)
         self.manifest_url: str | None
         if manifest is True:
@@ -225,7 +242,9 @@ class ShardWriter:
                 self._start()
             url = self.pattern % self._next
             self._next += 1
-            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.io,
+            # with a journal, the shard's files stay at temporary names until its line is written
+            staged = self._journal is not None
+            shard = ShardFile(url, url + ".idx.npy" if self.index else None, self.io, staged=staged,
                               compression=self.compression).__enter__()
             self._shard = shard
         shard.write(key, fields, sizes)
@@ -238,42 +257,108 @@ class ShardWriter:
         if shard is None:
             return
         shard.__exit__(None, None, None)
-        self.manifest.shards.append(shard.info)  # type: ignore[arg-type]
+        info: ShardInfo = shard.info  # type: ignore[assignment]
         fields = fields_of(shard.fields)
-        self.manifest.fields.update(fields)
         if self._journal is not None:
+            # entry, then the files at their names, then the commit line: a shard at its name
+            # is always in the journal (a replay verifies an entry without its commit line)
             meta = None if self.manifest.meta == self._journal_meta else self.manifest.meta
-            self._journal.write(journal_entry(shard.info, fields, meta))  # type: ignore[arg-type]
+            self._journal.write(journal_entry(info, fields, meta))
             self._journal.flush()
             if meta is not None:
                 self._journal_meta = copy.deepcopy(meta)
+            for tmp, path in reversed(shard.staged):  # index files first, the shard last
+                storage.commit_staged(tmp, path)
+            if shard.staged:
+                storage.sync_directory(os.path.dirname(os.path.abspath(shard.staged[0][1])))
+            self._journal.write(journal_commit(info.url))
+            self._journal.flush()
+        self.manifest.shards.append(info)
+        self.manifest.fields.update(fields)
         log.debug("finished shard %s (%d samples, %d bytes)", shard.url, shard.info.samples, shard.info.bytes)
 
     def _start(self) -> None:
-        """Before the first shard: drop a manifest of an earlier run (its shards are about to be
-        replaced) and, at a local destination, start the journal."""
+        """Before the first shard: at a local destination, take the folder's lock, replay a
+        crashed writer's journal, sweep its temporaries; then keep the shards the folder's
+        manifest lists (see :meth:`_keep`) and, locally, start the journal with them."""
         self._started = True
         if self.manifest_url and storage.is_local(self.manifest_url):
             # one writer of a folder's manifest at a time; a crashed one holds nothing (taken
             # before the sweep below: a live conversion's staged shards are unlocked files)
             self._lock = DestinationLock(os.path.dirname(os.path.abspath(local_path(self.manifest_url)))).acquire()
         folder = parent_url(self.pattern)
-        if storage.is_local(folder):
-            # the temporaries of a writer that crashed here are nobody's (storage.locks)
-            remove_stale_temporaries(local_path(folder) or ".")
         if not self.manifest_url:
+            if storage.is_local(folder):
+                remove_stale_temporaries(local_path(folder) or ".")
             return
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
-        if fs.exists(path):
-            fs.rm_file(path)
+        if self.overwrite:
+            for stale in (path, path + JOURNAL_SUFFIX):
+                if fs.exists(stale):
+                    fs.rm_file(stale)
+        else:
+            self._keep(folder_manifest(self.manifest_url, self.io))
+        if storage.is_local(folder):
+            # the temporaries of a writer that crashed here are nobody's (storage.locks)
+            remove_stale_temporaries(local_path(folder) or ".")
         if storage.is_local(self.manifest_url):
             fs.makedirs(posixpath.dirname(path), exist_ok=True)
             self._journal = fs.open(path + JOURNAL_SUFFIX, "wb")
             self._journal.write(journal_header(self.manifest.meta))
+            for n, info in enumerate(self.manifest.shards):
+                self._journal.write(journal_entry(info, dict(self.manifest.fields) if n == 0 else {}, committed=True))
             self._journal.flush()
+            os.fsync(self._journal.fileno())
             self._journal_meta = copy.deepcopy(self.manifest.meta)
+        elif self.manifest.shards:  # remote: the kept shards stay listed if this writer dies
+            write_manifest(self.manifest_url, self.manifest, self.io)
+            return
+        if fs.exists(path):  # the journal (or, remote, the manifest at close) now says it all
+            fs.rm_file(path)
+
+    def _keep(self, old: Manifest | None) -> None:
+        """Start from the folder's manifest: its shards stay listed, first, except the earlier
+        ones of this writer's series (from ``start_shard`` on), which this run replaces."""
+        if old is None:
+            return
+        for info in old.shards:
+            number = series_number(info.url, self.pattern)  # shards are listed by their basename
+            if number is not None and number >= self.start_shard:
+                self._replaced.append(info)
+            else:
+                self.manifest.shards.append(info)
+        self.manifest.fields.update(old.fields)
+        changed = sorted(k for k in self.manifest.meta if k in old.meta and old.meta[k] != self.manifest.meta[k])
+        if changed:
+            log.warning("%s: meta %s of the folder's manifest replaced by this writer's", self.manifest_url, changed)
+        self.manifest.meta = {**old.meta, **self.manifest.meta}
+        if self.manifest.shards:
+            log.info("%s: keeping the %d shard(s) the folder's manifest lists (%s)", self.manifest_url,
+                     len(self.manifest.shards), shard_names(self.manifest.shards))
+        if self._replaced:
+            log.info("%s: replacing %d shard(s) of this series from an earlier run (%s)", self.manifest_url,
+                     len(self._replaced), shard_names(self._replaced))
+
+    def _drop_replaced(self) -> None:
+        """Remove the files of this series' earlier shards that this run did not write again
+        (they would mix an earlier run's samples into this one's; named in the log)."""
+        written = {s.url for s in self.manifest.shards}
+        gone = [s for s in self._replaced if s.url not in written]
+        if not gone:
+            return
+        import fsspec
+
+        log.warning("%s: removing %d shard(s) of an earlier run of this series that this run did not write "
+                    "again (%s)", self.manifest_url, len(gone), shard_names(gone))
+        base = parent_url(self.pattern)
+        for info in gone:
+            for rel in (info.url, info.index, info.sizes):
+                if rel:
+                    fs, p = fsspec.core.url_to_fs(join_url(base, rel), **self.io.storage_options)
+                    if fs.exists(p):
+                        fs.rm_file(p)
 
     def _write_manifest(self) -> None:
         """The manifest, then the journal removed (the manifest now says what it said)."""
@@ -286,6 +371,7 @@ class ShardWriter:
 
             fs, path = fsspec.core.url_to_fs(self.manifest_url + JOURNAL_SUFFIX)  # type: ignore[operator]
             fs.rm_file(path)
+        self._drop_replaced()
 
     def close(self) -> Manifest:
         """Finish the current shard and write the manifest; returns it."""
@@ -313,7 +399,7 @@ class ShardWriter:
         if not self._closed:
             self._closed = True
             try:
-                if self.manifest.shards or self._journal is not None:
+                if self.manifest.shards or self._journal is not None or self._replaced:
                     self._write_manifest()
             finally:
                 self._release()

@@ -40,7 +40,8 @@ from shardflow.convert.imagefolder import (
 )
 from shardflow.errors import ConversionError
 from shardflow.format.keys import check_key, split_name
-from shardflow.format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, manifest_from_journal
+from shardflow.format.journal import manifest_from_journal
+from shardflow.format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest
 from shardflow.format.tar import iter_samples
 
 CLI = [sys.executable, "-m", "shardflow.cli"]

@@ -12,7 +12,8 @@ import pytest
 
 import shardflow
 from shardflow.errors import ManifestError
-from shardflow.format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, manifest_from_journal
+from shardflow.format.journal import manifest_from_journal
+from shardflow.format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +23,15 @@ def sample(i: int) -> dict:
 
 
 def journal_lines(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / (MANIFEST_NAME + JOURNAL_SUFFIX)).read_bytes().splitlines()]
+    """The header and the shard entries (each entry's commit line checked and left out)."""
+    lines = [json.loads(line) for line in (folder / (MANIFEST_NAME + JOURNAL_SUFFIX)).read_bytes().splitlines()]
+    out = lines[:1]
+    for line in lines[1:]:
+        if "shard" in line:
+            out.append(line)
+        else:
+            assert line == {"committed": out[-1]["shard"]["url"]}
+    return out
 
 
 def test_manifest_written_once_at_close_journal_meanwhile(tmp_path: Path) -> None:
@@ -31,7 +40,7 @@ def test_manifest_written_once_at_close_journal_meanwhile(tmp_path: Path) -> Non
         sink.write(sample(i))
     assert not (tmp_path / MANIFEST_NAME).exists()
     lines = journal_lines(tmp_path)
-    assert lines[0] == {"format": "shardflow-journal", "version": 1, "meta": {"source": "x"}}
+    assert lines[0] == {"format": "shardflow-journal", "version": 1, "meta": {"source": "x"}, "commits": True}
     assert [(e["shard"]["url"], e["shard"]["samples"]) for e in lines[1:]] == [
         ("t-000000.tar", 10), ("t-000001.tar", 10), ("t-000002.tar", 10)]
     assert all(e["fields"] == {"bin": "bin", "cls": "cls"} and "meta" not in e for e in lines[1:])

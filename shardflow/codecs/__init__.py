@@ -229,7 +229,9 @@ def decode_field(field: str, data: bytes, options: DecodeOptions, *, graph_recor
 
     Args:
         field: the field name; its last extension picks the codec.
-        data: the field's bytes.
+        data: the field's bytes: ``bytes``, ``bytearray`` or ``memoryview``, all
+            decoded alike by every codec (a multi-dimensional or non-byte view is
+            read as its raw bytes).
         options: how to decode.
         graph_records: the samples go to the default collate, so a ``pyg`` field
             (with the built-in codec) may become a checked
@@ -240,6 +242,8 @@ def decode_field(field: str, data: bytes, options: DecodeOptions, *, graph_recor
         DecodeError: the codec failed (the caller adds shard and key).
     """
     ext = codec_extension(field)
+    if isinstance(data, memoryview) and (data.ndim != 1 or data.itemsize != 1):
+        data = data.cast("B") if data.c_contiguous else data.tobytes()
     if ext == "gz":
         try:
             data = gzip.decompress(data)
@@ -278,7 +282,7 @@ def _enc_int(value: Any, ext: str) -> bytes:
 
 
 def _dec_int(data: bytes, options: DecodeOptions) -> int:
-    return int(data.strip())
+    return int(bytes(data).strip())  # int() takes neither a memoryview nor, stripped, a view
 
 
 def _enc_json(value: Any, ext: str) -> bytes:
@@ -309,13 +313,15 @@ def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
 def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
     """Decode .npy bytes like ``np.load(allow_pickle=False)``, parsing each distinct
     header once (``np.load`` spends ~100 us per call in ``ast.literal_eval``)."""
-    if data[:6] != b"\x93NUMPY" or data[6] not in (1, 2, 3):
+    if len(data) < 10 or bytes(data[:6]) != b"\x93NUMPY" or data[6] not in (1, 2, 3):
         return np.load(io.BytesIO(data), allow_pickle=False)
     if data[6] == 1:
         start, hlen = 10, int.from_bytes(data[8:10], "little")
     else:
         start, hlen = 12, int.from_bytes(data[8:12], "little")
-    dtype, shape, fortran = _npy_header(data[start : start + hlen])
+    # bytes() of the header alone: the cache hashes its key, and a bytearray or memoryview
+    # field (members of 1 MiB and more arrive as bytearray) is not hashable
+    dtype, shape, fortran = _npy_header(bytes(data[start : start + hlen]))
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     arr = np.frombuffer(data, dtype=dtype, count=count, offset=start + hlen)
     return arr.reshape(shape, order="F" if fortran else "C").copy(order="K")
@@ -384,10 +390,10 @@ def _dec_plain_pickle(data: bytes, options: DecodeOptions) -> Any:
 
 
 for _ext in ("txt", "text"):
-    register_codec(_ext, _enc_text, lambda d, o: d.decode("utf-8"))
+    register_codec(_ext, _enc_text, lambda d, o: str(d, "utf-8"))  # str() takes any buffer
 for _ext in ("cls", "cls2", "idx", "index", "label"):
     register_codec(_ext, _enc_int, _dec_int)
-register_codec("json", _enc_json, lambda d, o: json.loads(d))
+register_codec("json", _enc_json, lambda d, o: json.loads(d if isinstance(d, (bytes, bytearray)) else bytes(d)))
 register_codec("npy", _enc_npy, _dec_npy)
 for _ext in IMAGE_EXTENSIONS:
     register_codec(_ext, _enc_image, _dec_image)

@@ -13,7 +13,11 @@ the same conversion (same identity: then its finished groups are kept when
 resuming). Anything else that is a dataset (a manifest of another source or
 converter, or tar files) is refused with :class:`DestinationExistsError`
 unless ``overwrite``, which removes the old dataset's manifest, record, shards
-and their index files first. Other files are left alone.
+and their index files first; so is an earlier run of the same conversion whose
+manifest also lists shards of another writer (a :class:`~shardflow.ShardWriter`
+that added ``val-*.tar``): a conversion never drops them silently. The error
+names the shards. A journal a crashed :class:`~shardflow.ShardWriter` left is
+replayed into the manifest before anything else. Other files are left alone.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from .. import storage
 from ..errors import DestinationExistsError, ManifestError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..storage.folder import replay_journal, shard_names
 from ..storage.urls import join_url
 from ..writer import write_manifest
 
@@ -148,10 +153,11 @@ def prepare_destination(
         DestinationExistsError: ``dest`` holds another dataset and ``overwrite``
             is False (the message says which dataset and how to replace it).
     """
+    murl = join_url(dest, MANIFEST_NAME)
+    replay_journal(murl, io)  # a crashed ShardWriter's shards, listed before anything is decided
     names = _remove_temporaries(dest, _entries(dest, io), prefix)
     if not names:
         return Previous()
-    murl = join_url(dest, MANIFEST_NAME)
     manifest = None
     raw = _read_json(murl, io) if MANIFEST_NAME in names else None
     if raw is not None:
@@ -160,16 +166,24 @@ def prepare_destination(
         except ManifestError as e:
             log.warning("%s", e)
     state = _load_state(join_url(dest, STATE_NAME), io) if STATE_NAME in names else None
+    foreign: list[ShardInfo] = []
     if manifest is not None and state is not None and state.get("identity") == dict(identity):
-        previous = Previous(names={s.url for s in manifest.shards}, fields=sorted(manifest.fields))
-        if resume:
-            previous.groups = _finished_groups(manifest, state)
-            previous.skipped = _skipped_inputs(state, previous.groups)
-        return previous
+        foreign = _foreign_shards(manifest, state)
+        if not foreign:
+            previous = Previous(names={s.url for s in manifest.shards}, fields=sorted(manifest.fields))
+            if resume:
+                previous.groups = _finished_groups(manifest, state)
+                previous.skipped = _skipped_inputs(state, previous.groups)
+            return previous
     old = _old_dataset_files(manifest, names)
     if manifest is None and not old:
         return Previous()  # other files only (notes, a README): not a dataset
-    what = _describe(state.get("identity") if state else None) if manifest is not None else f"{len(old)} tar file(s)"
+    if foreign:
+        what = f"an earlier run of this conversion and {len(foreign)} shard(s) of another writer ({shard_names(foreign)})"
+    elif manifest is not None:
+        what = f"{_describe(state.get('identity') if state else None)} ({shard_names(manifest.shards) or 'no shards'})"
+    else:
+        what = f"{len(old)} tar file(s) ({', '.join(old[:4])}{' and more' if len(old) > 4 else ''})"
     if not overwrite:
         raise DestinationExistsError(
             f"{dest} already holds {what}; a conversion of {', '.join(f'{k} {v}' for k, v in identity.items())} "
@@ -193,6 +207,16 @@ def _load_state(url: str, io: storage.IOOptions) -> dict[str, Any] | None:
         log.warning("%s: not a conversion record this version reads, ignored", url)
         return None
     return state
+
+
+def _foreign_shards(manifest: Manifest, state: Mapping[str, Any]) -> list[ShardInfo]:
+    """The manifest's shards that no group of the conversion record lists (another writer's)."""
+    groups = state.get("groups")
+    recorded: set[str] = set()
+    for entry in groups.values() if isinstance(groups, dict) else []:
+        with contextlib.suppress(KeyError, TypeError):
+            recorded.update(str(n) for n in entry["shards"])
+    return [s for s in manifest.shards if s.url not in recorded]
 
 
 def _finished_groups(manifest: Manifest, state: Mapping[str, Any]) -> dict[int, tuple[str, list[ShardInfo]]]:

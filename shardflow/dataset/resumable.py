@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..selection import selection_digest
 from ..state import ResumePoint, build_state, check_state, parse_layout
 
 __all__ = ["Resumable"]
@@ -25,6 +26,8 @@ class Resumable:
         h = hashlib.sha256()
         for u, c in zip(self.source.urls, self.source.counts if self.source.counts is not None else [None] * len(self.source.urls)):
             h.update(f"{u.rsplit('/', 1)[-1]}:{c};".encode())
+        if self._selection is not None:
+            h.update(selection_digest(self._selection).encode())
         split = self._split_config()
         return {
             "shards": h.hexdigest()[:16],

@@ -22,7 +22,8 @@ from ..elastic import resumed_plan
 from ..errors import MissingFieldError, ShardflowError
 from ..expand import Expand
 from ..mixing import mixture_of
-from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, split_unsized
+from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
+from ..selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..source import ShardSet, Source, SourcePart, resolve_source
 from ..state import ResumePoint, parse_layout
@@ -95,6 +96,12 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         expand: one-to-many samples (:mod:`shardflow.expand`): each stored
             sample becomes ``expand.count`` items before the shuffle buffer;
             lengths, splits and resumption count items.
+        select: keep only some samples, decided at plan time: a key predicate
+            ``select(key) -> bool`` or a collection of keys. Exact on every
+            rank (equal sample and batch counts, each selected sample once per
+            epoch, no repeats; ``len()`` counts the selection). Reads every
+            shard's tar headers once, here; needs a manifest and offset indexes
+            (see :mod:`shardflow.selection`).
 
     Raises:
         FileNotFoundError: the source lists no shard.
@@ -126,6 +133,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         max_pixels: int | None = None,
         expand: Expand | None = None,
         sample_seeding: bool = True,
+        select: Select | None = None,
     ) -> None:
         super().__init__()
         io = storage.io_options(io, storage_options)
@@ -163,6 +171,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         self._ranks = (rank, world_size)
         World.detect(rank, world_size)  # validates
         self.source: ShardSet = resolve_source(source, io)
+        self._selection = resolve_selection(self.source, select, io) if select is not None else None
         self._check_fields()
         m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
@@ -259,6 +268,9 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             return None
         if self._cost_cache is None or self._cost_cache[0] != b.columns:
             costs = np.stack([self.source.load_costs(c, self.io) for c in b.columns], axis=1)
+            if self._selection is not None:  # the selected samples' costs, shards in manifest order
+                starts = np.concatenate([[0], np.cumsum(self.source.counts)[:-1]])
+                costs = costs[np.concatenate([starts[i] + c for i, c in enumerate(self._selection)])]
             if self.expand is not None:
                 costs = np.repeat(costs, self.expand.count, axis=0)
             self._cost_cache = (b.columns, costs)
@@ -267,12 +279,20 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     def _item_counts(self) -> np.ndarray | None:
         """Items per shard: samples times the one-to-many count; None without a manifest."""
         counts = self.source.counts
+        if counts is not None and self._selection is not None:
+            counts = np.asarray([len(c) for c in self._selection], dtype=np.int64)
         if counts is None or self.expand is None:
             return counts
         return counts * self.expand.count
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (independent of the worker count).
+
+        Exact with ``select=`` (the selection's share). A transform that returns
+        None, or ``on_error="skip"``, drops samples after the plan: ``len()`` is
+        then the planned count, an upper bound of what arrives, while
+        ``len(loader)`` stays exact (batches left empty repeat a batch; warned
+        once per epoch with the count).
 
         Raises:
             TypeError: no manifest, so the length is unknown (``shardflow index``
@@ -332,6 +352,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             )
         else:
             plan = plan_epoch(counts, r, world.world_size, self.seed, e, self.shuffle, split, self._costs(), self._mixture)
+        if self._selection is not None:
+            plan = select_plan(plan, self._selection, self.expand.count if self.expand is not None else 1)
         self._plan_cache = (key, plan)
         return plan
 

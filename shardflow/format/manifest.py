@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +42,6 @@ __all__ = [
     "decode_offsets",
     "decode_sizes",
     "load_npy",
-    "journal_header",
-    "journal_entry",
-    "manifest_from_journal",
 ]
 
 MANIFEST_NAME = "shardflow.json"
@@ -346,72 +343,3 @@ def decode_offsets(data: bytes, url: str, samples: int, size: int = -1) -> np.nd
             reason="bad_index",
         )
     return arr
-
-
-# ------------------------------------------------------------------ journal
-#
-# A ShardWriter writes the manifest once, at close. While it runs, every finished shard is
-# appended to the journal as one JSON line, so the cost per shard stays constant however many
-# shards there are (rewriting the manifest after every shard costs O(N) per shard). A reader
-# that finds a journal and no manifest (the writer was killed) replays it: the shards it lists
-# are complete (each appeared under its name only when complete, before its line was written).
-#
-#   {"format": "shardflow-journal", "version": 1, "meta": {...}}
-#   {"shard": {"url": ..., "samples": ..., ...}, "fields": {"jpg": "jpg"}, "meta": {...}}   (meta: if changed)
-
-
-def journal_header(meta: dict[str, Any]) -> bytes:
-    """The journal's first line."""
-    return _line({"format": "shardflow-journal", "version": FORMAT_VERSION, "meta": meta})
-
-
-def journal_entry(shard: ShardInfo, fields: dict[str, str], meta: dict[str, Any] | None = None) -> bytes:
-    """One finished shard's line; ``meta`` only when it changed since the previous line."""
-    entry: dict[str, Any] = {"shard": shard.to_json(), "fields": fields}
-    if meta is not None:
-        entry["meta"] = meta
-    return _line(entry)
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-
-
-def manifest_from_journal(data: bytes, url: str) -> Manifest:
-    """The manifest a journal describes (its shards in order, fields and last meta).
-
-    A last line cut short by a crash is ignored (its shard is complete but not
-    listed: ``shardflow index`` lists it).
-
-    Args:
-        data: the journal's bytes.
-        url: the manifest URL this stands for (shard URLs resolve against its folder).
-
-    Raises:
-        ManifestError: the first line is not a shardflow journal header, or a
-            complete line is not valid.
-    """
-    lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        lines.pop()
-    elif lines:
-        lines.pop()  # torn by a crash
-    try:
-        header = json.loads(lines[0]) if lines else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != "shardflow-journal":
-        raise ManifestError(f"{url}{JOURNAL_SUFFIX}: not a shardflow writer journal")
-    meta = header.get("meta", {})
-    shards: list[Any] = []
-    fields: dict[str, Any] = {}
-    for n, line in enumerate(lines[1:], 2):
-        try:
-            entry = json.loads(line)
-            shards.append(entry["shard"])
-            fields.update(entry.get("fields", {}))
-            meta = entry.get("meta", meta)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ManifestError(f"{url}{JOURNAL_SUFFIX}: line {n} is not a journal entry: {e}") from e
-    obj = {"format": "shardflow", "version": header.get("version"), "shards": shards, "fields": fields, "meta": meta}
-    return Manifest.loads(json.dumps(obj), url=url)

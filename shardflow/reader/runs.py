@@ -65,6 +65,8 @@ def plan_runs(
     through = np.asarray(
         [gaps[s.shard] if source.index_urls[s.shard] is not None else -1 for s in plan.segments], dtype=np.int64
     )
+    if not plan.contiguous:  # a selection: the samples between two read positions are not in the plan
+        through = np.where(through >= 0, 1, through)
     new = np.ones(len(seg), dtype=bool)
     if len(seg) > 1:
         lim = through[seg[1:]]

@@ -33,12 +33,48 @@ class ShardCache:
     holds a shared ``flock`` on its entry's lock file, a download an exclusive one;
     eviction only removes entries whose lock it can take at once, least recently
     used first (use time is the data file's mtime, touched on every open).
+
+    The cache keeps to ``limit`` whichever way it was filled: eviction runs before
+    each download, when a process first opens the cache with a given limit (a cache
+    filled under a larger limit shrinks to a lowered one), and after each hit that
+    finds it over the limit (another process's, or a lowered, limit).
     """
+
+    _opened: set[tuple[str, int]] = set()  # (root, limit) already shrunk by this process
 
     def __init__(self, root: str, limit: int) -> None:
         self.root = root
         self.limit = limit
         os.makedirs(os.path.join(root, ".locks"), exist_ok=True)
+        if (root, limit) not in ShardCache._opened:
+            ShardCache._opened.add((root, limit))
+            self.shrink()
+
+    def usage(self) -> int:
+        """Bytes of the cached shards and of the downloads in progress (at their final size)."""
+        used = 0
+        with os.scandir(self.root) as it:
+            for e in it:
+                if not e.is_file(follow_symlinks=False) or e.name == ".lock":
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if e.name.startswith(".tmp-"):
+                        parts = e.name.split("-")
+                        used += int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else e.stat().st_size
+                    elif not e.name.startswith("."):
+                        used += e.stat(follow_symlinks=False).st_size
+        return used
+
+    def shrink(self) -> None:
+        """Evict unused shards, least recently used first, until the cache fits its limit
+        (shards in use stay; they go once released, at a later shrink). A look without the
+        lock first: a cache within its limit costs one listing."""
+        if self.usage() <= self.limit:
+            return
+        with self._global_lock():
+            if not self._make_room(0):
+                logger.info("shard cache %s: over its limit of %d bytes while shards are in use",
+                            self.root, self.limit)
 
     @staticmethod
     def key(url: str, identity: Mapping[str, str]) -> str:
@@ -71,6 +107,7 @@ class ShardCache:
             for _attempt in range(5):
                 lock_fd = self._lock(lock_path, fcntl.LOCK_SH)
                 if self._present(data, size):
+                    self.shrink()  # a hit: no download evicted anything (this entry is held)
                     break
                 self._release(lock_fd, lock_path)
                 lock_fd = self._lock(lock_path, fcntl.LOCK_EX)
