@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from .. import reader
 from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
@@ -50,14 +49,14 @@ class Iteration:
         world = self.world()
         epoch = self._begin(world.worker)
         resume = self._resume if (self._resume is not None and self._resume.epoch == epoch) else None
-        if world.num_workers == 1 and torch.utils.data.get_worker_info() is None:
+        if world.num_workers == 1 and not World.in_worker():
             self._resume = None  # consumed by this iteration in the main process
         self._last_epoch = epoch
         policy = ErrorPolicy(self.on_error)
         self.stats = policy.stats
         if self._batching is not None:
             batches = self._iter_batches(world, epoch, resume, policy)
-            if torch.utils.data.get_worker_info() is not None:
+            if World.in_worker():
                 return Primed(batches)  # the first batch now, while the DataLoader starts the other workers
             return batches
         return self._iter_samples(world, epoch, resume, policy)
@@ -159,7 +158,7 @@ class Iteration:
     def _iter_samples(self, world: World, epoch: int, resume: ResumePoint | None, policy: ErrorPolicy) -> Iterator[Any]:
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
-        in_main = torch.utils.data.get_worker_info() is None
+        in_main = not World.in_worker()
         layout = resume.layout if resume is not None else ()
         progress = [ids[0] if ids else (resume.step if resume is not None else 0), 0, skip, layout]
         if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch

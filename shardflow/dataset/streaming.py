@@ -211,7 +211,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         DataLoader workers with the dataset, for workers that cannot detect
         them (``spawn`` workers of a job started with ``torch.multiprocessing``).
         """
-        if torch.utils.data.get_worker_info() is None:
+        if not World.in_worker():
             world = World.detect(*self._ranks)
             self._main_ranks = (world.rank, world.world_size)
             return world
@@ -359,7 +359,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         """Called at the start of every iteration in the process that iterates."""
         if worker >= _MAX_WORKERS:
             raise ShardflowError(f"at most {_MAX_WORKERS} DataLoader workers are supported")
-        if torch.utils.data.get_worker_info() is None:
+        if not World.in_worker():
             # Iterating in this process: advance the epoch for every worker slot, so that
             # DataLoader workers forked later (each counting its own iterations) agree.
             epoch = int(self._control[0]) + int(self._control[1])
