@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import transfer
+from .compat.torch import pin_memory
 from .costs import cost_budgets
 from .policy import ErrorPolicy
 from .state import ResumePoint
@@ -90,10 +91,8 @@ class WorkerItem:
             This item, its ``data`` pinned as the DataLoader pins a batch (tensors, and the
             values of mappings, sequences and objects with a ``pin_memory`` method).
         """
-        from torch.utils.data._utils.pin_memory import pin_memory  # what the DataLoader itself runs
-
         if self.data is not None:
-            self.data = pin_memory(self.data) if device is None else pin_memory(self.data, device)
+            self.data = pin_memory(self.data, device)  # what the DataLoader itself runs
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:

@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
 from .collation import collate as default_collate
+from .compat.torch import shutdown_workers
 from .batching import Batching, WorkerItem
 from .dataset import ShardDataset
 from .errors import ShardflowError, StateError
@@ -207,9 +207,7 @@ class ShardLoader:
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
+                shutdown_workers(it)
                 del it
                 transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
                 self._pools.clear()

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import storage
+from .. import fastpath, storage
 from ..errors import SampleError, ShardflowError
 from ..plan import RankPlan
 from ..policy import ErrorPolicy
@@ -66,7 +66,7 @@ def read_planned(
         ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
     """
     k = expand
-    table = RunTable.build(plan, needed, source, k, sources, in_blocks=k == 1 and not positioned)
+    table = RunTable.build(plan, needed, source, k, sources, in_blocks=k == 1 and not positioned and fastpath.enabled())
     if table is None:
         return
     recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
