@@ -17,7 +17,6 @@ from .world import World
 __all__ = [
     "Batching",
     "WorkerItem",
-    "tag_sources",
     "stream_world",
     "count_good",
     "take",
@@ -106,14 +105,6 @@ def _rebuild_item(worker: int, index: int, data: Any, stats: dict[str, int], fin
     transfer.release(freed)  # the whole batch is out of the worker's buffers
     item.pools = frozenset(token for token, _, _ in freed)
     return item
-
-
-def tag_sources(items: Iterator[Any], by_url: dict[str, int] | None) -> Iterator[Any]:
-    """Set ``__source__`` (the source's index in the list) on every sample."""
-    for item in items:
-        if item is not None:
-            item["__source__"] = by_url.get(item["__url__"], 0) if by_url else 0
-        yield item
 
 
 def stream_world(world: World, resume: ResumePoint | None) -> World:

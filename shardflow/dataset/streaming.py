@@ -222,12 +222,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
         return self.source.parts
 
-    def _source_index(self) -> dict[str, int] | None:
-        """Shard URL -> source index (None for a single source: every sample is 0)."""
-        if len(self.source.parts) == 1:
-            return None
-        return {u: int(i) for u, i in zip(self.source.urls, self.source.source_of.tolist())}
-
     def _check_fields(self) -> None:
         m = self.source.manifest
         if self.fields is None or m is None or not m.fields:
