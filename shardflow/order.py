@@ -147,7 +147,7 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
     """
     if buffer <= 1 or n <= 1:
         return np.arange(n, dtype=np.int64)
-    # shuffle_buffer(range(n), ...) written out for ints, faster (it runs in every worker
+    # shuffle_buffer(range(n), ...) written out for ints, faster (docs/benchmarks.md; it runs in every worker
     # before its first batch): the filling and growing steps, then the steady state where
     # the buffer holds `buffer - 1` items between steps
     draws = BufferDraws(seed)

@@ -2,9 +2,8 @@
 
 Torch sends every CPU tensor of a batch through a shared-memory segment of its own: a new file
 in ``/dev/shm``, its descriptor passed over a socket, and a first-touch page fault per 4 KiB in
-the worker that fills it and again in the main process that maps it. Per batch of 64 images of
-64x64 that was ~380 page faults, ~1.5 ms of CPU in all, a fifth of what decoding the batch costs.
-Here instead:
+the worker that fills it and again in the main process that maps it: a sizeable part of what
+decoding the batch costs (docs/benchmarks.md). Here instead:
 
 * tensors of at most :data:`BY_VALUE_MAX_BYTES` travel by value, pickled with the batch;
 * larger ones are stacked by :func:`shardflow.collation.collate` straight into a slot of a small
@@ -77,8 +76,8 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
     stack a batch into in a DataLoader worker: a free slot of the worker's pool (grown or
     replaced to fit), or a fresh shared tensor when every slot is in flight, and for the
     worker's first batch: that one the main process maps and keeps as it is, the way torch
-    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (for
-    64 photo-sized images, 27 MB read through new mappings into new pages: ~12 ms of CPU)."""
+    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (a copy
+    of the whole batch through new mappings into new pages)."""
     if not fastpath.enabled() or _SOLE_USE is None:  # torch's own way: a new segment per batch
         return new_shared((count, *shape), dtype)
     nbytes = count * dtype.itemsize

@@ -3,8 +3,8 @@
 The reader groups adjacent members that share a key into samples (key and
 field split as in the webdataset tar convention, see :mod:`.keys`), over the
 member walk of :mod:`.members`, which parses POSIX ustar, GNU and PAX headers
-and checks every one. It reads several times faster than iterating members with
-CPython ``tarfile`` (docs/benchmarks.md).
+and checks every one, faster than iterating members with CPython ``tarfile``
+(docs/benchmarks.md).
 
 The writer emits ustar headers, with a PAX ``path`` record before any member
 whose name is not ASCII or does not fit ustar's 100/155-byte fields, so names of
