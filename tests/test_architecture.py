@@ -273,7 +273,7 @@ CONFINED = [
     (r"\._read_array_header\b", {"shardflow.compat.numpy"}),
     (r"\._get_headers\b|\._set_session\b", {"shardflow.compat.gcsfs"}),
     (r"\bget_worker_info\b", {"shardflow.world"}),
-    (r"\bgetstate\(", set()),
+    (r"\bgetstate\(", {"shardflow.seeding"}),  # (seeding saves and restores the caller's generators)
 ]
 
 
