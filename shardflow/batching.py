@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import transfer
+from .compat.torch import pin_memory
 from .costs import cost_budgets
 from .policy import ErrorPolicy
 from .state import ResumePoint
@@ -16,7 +17,6 @@ from .world import World
 __all__ = [
     "Batching",
     "WorkerItem",
-    "tag_sources",
     "stream_world",
     "count_good",
     "take",
@@ -90,10 +90,8 @@ class WorkerItem:
             This item, its ``data`` pinned as the DataLoader pins a batch (tensors, and the
             values of mappings, sequences and objects with a ``pin_memory`` method).
         """
-        from torch.utils.data._utils.pin_memory import pin_memory  # what the DataLoader itself runs
-
         if self.data is not None:
-            self.data = pin_memory(self.data) if device is None else pin_memory(self.data, device)
+            self.data = pin_memory(self.data, device)  # what the DataLoader itself runs
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -107,14 +105,6 @@ def _rebuild_item(worker: int, index: int, data: Any, stats: dict[str, int], fin
     transfer.release(freed)  # the whole batch is out of the worker's buffers
     item.pools = frozenset(token for token, _, _ in freed)
     return item
-
-
-def tag_sources(items: Iterator[Any], by_url: dict[str, int] | None) -> Iterator[Any]:
-    """Set ``__source__`` (the source's index in the list) on every sample."""
-    for item in items:
-        if item is not None:
-            item["__source__"] = by_url.get(item["__url__"], 0) if by_url else 0
-        yield item
 
 
 def stream_world(world: World, resume: ResumePoint | None) -> World:

@@ -32,10 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import fastpath
 from .codecs import is_image_field
 from .errors import SampleError
 from .graph.records import GraphRecord
 from .transfer import BY_VALUE_MAX_BYTES, shared_out
+from .world import World
 
 __all__ = ["Collate", "collate", "takes_graph_records"]
 
@@ -189,7 +191,7 @@ def _batch_out(count: int, shape: Sequence[int], dtype: torch.dtype | None) -> t
     on the way of every batch, the first one included). None in the main process, and for
     a batch of at most :data:`~shardflow.transfer.BY_VALUE_MAX_BYTES`, which travels by value.
     The memory is a reused buffer of the worker's pool (see :mod:`shardflow.transfer`)."""
-    if dtype is None or torch.utils.data.get_worker_info() is None:
+    if dtype is None or not World.in_worker():
         return None
     numel = count * int(np.prod(shape, dtype=np.int64))
     if numel * dtype.itemsize <= BY_VALUE_MAX_BYTES:
@@ -208,8 +210,9 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
 def takes_graph_records(collate_fn: Any) -> bool:
     """Whether ``collate_fn`` batches :class:`~shardflow.graph.records.GraphRecord` values
     (:func:`collate` and :class:`Collate` do), so that a dataset may decode graph fields
-    into records for it (see :func:`shardflow.codecs.decode_field`)."""
-    return collate_fn is collate or type(collate_fn) is Collate
+    into records for it (see :func:`shardflow.codecs.decode_field`); False with the fast
+    paths off (:mod:`shardflow.fastpath`)."""
+    return (collate_fn is collate or type(collate_fn) is Collate) and fastpath.enabled()
 
 
 def _refuse_image_sizes(field: str | None, samples: list[Any], values: list[Any]) -> None:

@@ -375,10 +375,10 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
     """
     import inspect
 
-    from .loading import loader
+    from .loading import ShardLoader, loader
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
-    loader_args = set(inspect.signature(loader).parameters) - {"dataset"}
+    loader_args = set(inspect.signature(ShardLoader).parameters) - {"dataset"}
     loader_extra = {k: extra.pop(k) for k in list(extra) if k in loader_args}
     ds = dataset_from_config(cfg, **extra)
     return loader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=cfg.drop_last, **loader_extra)

@@ -35,11 +35,13 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from . import storage
-from .codecs import DecodeOptions, decode_field
+from .codecs import DecodeOptions
 from .dataset import check_picklable_transform
-from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
+from .errors import ManifestError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
 from .format.tar import iter_samples
+from .policy import ErrorPolicy
+from .reader import Prepare, tag_source
 from .source import ShardSet, resolve_source
 from .storage.urls import SHARD_SUFFIXES
 from .transforms import map_fields
@@ -160,6 +162,8 @@ class IndexedShardDataset(Dataset):
                 "(compressed shards never get one: random access needs uncompressed .tar shards)",
                 reason="missing_index",
             )
+        self._sources = self.source.source_by_url()
+        self._prepare = Prepare(ErrorPolicy("raise"), sources=self._sources, decode=self.decode)
         # first global index of each shard, plus the total (a list: bisect on it is faster per call)
         self._starts: list[int] = [0, *np.cumsum(self.source.counts).tolist()]
         self._reset_cache()
@@ -307,9 +311,9 @@ class IndexedShardDataset(Dataset):
                 reason="stale_index",
             )
         key, _, fields = found[0]
-        sample: dict[str, Any] = {"__key__": key, "__url__": url, "__source__": self.source.part_of(shard)}
+        sample: dict[str, Any] = {"__key__": key, "__url__": url}
         sample.update(fields)  # type: ignore[arg-type]
-        return sample
+        return tag_source(sample, self._sources)
 
     def __getitem__(self, index: int) -> Any:
         """Sample ``index`` (negative counts from the end), decoded and transformed.
@@ -323,14 +327,7 @@ class IndexedShardDataset(Dataset):
         """
         sample = self.read_raw(index)
         if self.decode is not None:
-            for name, value in sample.items():
-                if not name.startswith("__"):
-                    try:
-                        sample[name] = decode_field(name, value, self.decode)
-                    except DecodeError as e:
-                        raise DecodeError(
-                            f"{sample['__url__']}: sample {sample['__key__']!r}: cannot decode {e}"
-                        ) from e
+            sample = self._prepare.decoded(sample)  # (on_error "raise": never None)
         if self.transform is not None:
             return self.transform(sample)
         return sample

@@ -8,9 +8,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import torch
-
 from .collation import collate as default_collate
+from .compat.torch import shutdown_workers
 from .dataloader import DataLoader  # torch's, warning once about the worker count
 from .batching import Batching, WorkerItem
 from .dataset import ShardDataset
@@ -36,7 +35,30 @@ class ShardLoader:
     Epochs: each ``iter()`` starts the epoch given to ``dataset.set_epoch``
     since the last iteration, or else the epoch after the previous one.
 
-    Args: see :func:`loader`.
+    Args:
+        dataset: the :class:`ShardDataset` to read.
+        batch_size: samples per batch.
+        num_workers: DataLoader worker processes per rank (0: read in this process).
+        drop_last: drop each rank's last incomplete batch.
+        collate_fn: ``collate_fn(list of samples) -> batch``, run in the
+            workers; default :func:`shardflow.collation.collate` (dicts of
+            stacked tensors, PyG ``Batch`` for graphs, lists for strings).
+        persistent_workers: keep workers alive between epochs.
+        pin_memory: pin batches in page-locked memory (for CUDA copies).
+        prefetch_factor: batches prefetched per worker (DataLoader's default 2).
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
+        timeout: seconds to wait for a batch from a worker (0: forever).
+        max_cost: batch by cost instead of count: a batch takes samples while
+            their summed ``cost`` stays within ``max_cost`` (and at most
+            ``batch_size`` samples); for graph datasets whose sizes vary by
+            orders of magnitude. Every rank still yields the same number of
+            batches (see :class:`~shardflow.plan.SplitConfig`).
+            Several budgets at once: a mapping of size columns to budgets,
+            ``max_cost={"num_nodes": 20000, "num_edges": 80000}``; a batch then
+            stays within every one of them.
+        cost: the per-sample size an int ``max_cost`` sums, a column of the
+            manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
+            shards.
     """
 
     def __init__(
@@ -212,9 +234,7 @@ class ShardLoader:
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
+                shutdown_workers(it)
                 del it
                 transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
                 self._pools.clear()
@@ -298,62 +318,16 @@ def warn_repeated(ds: Any, epoch: int | None, batches: int, samples: int) -> Non
     )
 
 
-def loader(
-    dataset: ShardDataset,
-    batch_size: int = 64,
-    *,
-    num_workers: int = 0,
-    drop_last: bool = False,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
-    persistent_workers: bool = False,
-    pin_memory: bool = False,
-    prefetch_factor: int | None = None,
-    multiprocessing_context: Any = None,
-    timeout: float = 0,
-    max_cost: int | Mapping[str, int] | None = None,
-    cost: str = "num_nodes",
-) -> ShardLoader:
+def loader(dataset: ShardDataset, batch_size: int = 64, **options: Any) -> ShardLoader:
     """Build a :class:`ShardLoader`: a DataLoader with the right settings.
 
     Args:
         dataset: the :class:`ShardDataset` to read.
         batch_size: samples per batch.
-        num_workers: DataLoader worker processes per rank (0: read in this process).
-        drop_last: drop each rank's last incomplete batch.
-        collate_fn: ``collate_fn(list of samples) -> batch``, run in the
-            workers; default :func:`shardflow.collation.collate` (dicts of
-            stacked tensors, PyG ``Batch`` for graphs, lists for strings).
-        persistent_workers: keep workers alive between epochs.
-        pin_memory: pin batches in page-locked memory (for CUDA copies).
-        prefetch_factor: batches prefetched per worker (DataLoader's default 2).
-        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
-        timeout: seconds to wait for a batch from a worker (0: forever).
-        max_cost: batch by cost instead of count: a batch takes samples while
-            their summed ``cost`` stays within ``max_cost`` (and at most
-            ``batch_size`` samples); for graph datasets whose sizes vary by
-            orders of magnitude. Every rank still yields the same number of
-            batches (see :class:`~shardflow.plan.SplitConfig`).
-            Several budgets at once: a mapping of size columns to budgets,
-            ``max_cost={"num_nodes": 20000, "num_edges": 80000}``; a batch then
-            stays within every one of them.
-        cost: the per-sample size an int ``max_cost`` sums, a column of the
-            manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
-            shards.
+        **options: the keyword arguments of :class:`ShardLoader` (``num_workers``,
+            ``drop_last``, ``collate_fn``, ``max_cost``, ...).
 
     Returns:
         The loader; iterate it, ``len()`` it, ``state_dict()`` it.
     """
-    return ShardLoader(
-        dataset,
-        batch_size,
-        num_workers=num_workers,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
-        persistent_workers=persistent_workers,
-        pin_memory=pin_memory,
-        prefetch_factor=prefetch_factor,
-        multiprocessing_context=multiprocessing_context,
-        timeout=timeout,
-        max_cost=max_cost,
-        cost=cost,
-    )
+    return ShardLoader(dataset, batch_size, **options)

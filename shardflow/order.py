@@ -3,7 +3,6 @@ stream positions to shard segments, interleaved reading, the shuffle buffer."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -15,7 +14,7 @@ from .world import stable_seed
 
 T = TypeVar("T")
 
-__all__ = ["Segment", "shard_order", "positions_to_segments", "interleave", "shuffle_buffer", "buffer_shuffle_order"]
+__all__ = ["Segment", "shard_order", "positions_to_segments", "interleave", "shuffle_buffer", "buffer_shuffle_order", "BufferDraws"]
 
 
 @dataclass(frozen=True)
@@ -79,12 +78,13 @@ def shuffle_buffer(items: Iterable[T], buffer: int, seed: int, initial: int = 10
     emits one (so it grows by one per emitted item); once full, each step reads
     one and emits one. An emitted item is chosen uniformly among the buffered
     ones. At the end the rest leaves in random order. ``buffer <= 1``: items
-    pass unchanged. Same ``(items, buffer, seed, initial)``, same output.
+    pass unchanged. Same ``(items, buffer, seed, initial)``, same output. The picks
+    come from :class:`BufferDraws`, as :func:`buffer_shuffle_order`'s do.
     """
     if buffer <= 1:
         yield from items
         return
-    rand = random.Random(seed).random
+    rand = BufferDraws(seed).next
     initial = min(initial, buffer)
     it = iter(items)
     buf: list[T] = []
@@ -147,11 +147,11 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
     """
     if buffer <= 1 or n <= 1:
         return np.arange(n, dtype=np.int64)
-    # shuffle_buffer(range(n), ...) written out for ints, 3x faster (it runs in every
-    # worker before its first batch): the filling and growing steps, then the steady
-    # state where the buffer holds `buffer - 1` items between steps
-    random_state = random.Random(seed)
-    rand = random_state.random
+    # shuffle_buffer(range(n), ...) written out for ints, faster (docs/benchmarks.md; it runs in every worker
+    # before its first batch): the filling and growing steps, then the steady state where
+    # the buffer holds `buffer - 1` items between steps
+    draws = BufferDraws(seed)
+    rand = draws.next
     initial = min(initial, buffer)
     buf: list[int] = []
     out: list[int] = []
@@ -175,7 +175,7 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
     steady = np.zeros(0, dtype=np.int64)
     if i < n:  # steady: each new item joins the `buffer - 1` held ones and one of the `buffer` leaves
         # the steady picks, then those of the final drain, drawn at once: the same doubles as rand()
-        x = _random_doubles(random_state, n - i + len(buf))
+        x = draws.take(n - i + len(buf))
         steady = _steady_state(buf, i, n, (x[: n - i] * buffer).astype(np.int64), buffer - 1)
         drain = (x[n - i :] * np.arange(len(buf), 0, -1, dtype=np.float64)).astype(np.int64).tolist()
     else:
@@ -188,20 +188,39 @@ def buffer_shuffle_order(n: int, buffer: int, seed: int, initial: int = 100) -> 
     return np.concatenate([np.asarray(out, dtype=np.int64), steady, np.asarray(last, dtype=np.int64)])
 
 
-def _random_doubles(state: random.Random, m: int) -> np.ndarray:
-    """The next ``m`` values of ``state.random()`` (float64, shape (m,)), computed with numpy.
+class BufferDraws:
+    """The doubles in ``[0, 1)`` that one shuffle buffer picks its items with.
 
-    CPython's ``random()`` is MT19937 (two 32-bit outputs per double, ``(a >> 5, b >> 6)``
-    joined into 53 bits); numpy's ``MT19937`` started from the same state yields the
-    same 32-bit outputs, so the doubles are equal bit for bit. ``state`` is not advanced.
+    numpy's PCG64 seeded with ``seed``, each 64-bit output's top 53 bits scaled by
+    ``2**-53`` (the bit generator's stream, unlike a ``Generator`` method's, is the
+    same in every numpy version). The same doubles come one by one (:meth:`next`)
+    or many at once (:meth:`take`), in any mix, so the planned order and the
+    buffer over a stream of items pick alike.
     """
-    words = state.getstate()[1]
-    bits = np.random.MT19937(0)
-    bits.state = {"bit_generator": "MT19937", "state": {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}}
-    raw = bits.random_raw(2 * m).reshape(m, 2)
-    a = (raw[:, 0] >> 5).astype(np.float64)
-    b = (raw[:, 1] >> 6).astype(np.float64)
-    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+    _BLOCK = 256
+
+    def __init__(self, seed: int) -> None:
+        self._bits = np.random.PCG64(seed)
+        self._block: list[float] = []
+        self._at = 0
+
+    def _draw(self, m: int) -> np.ndarray:
+        return (self._bits.random_raw(m) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+    def next(self) -> float:
+        """The next double."""
+        if self._at == len(self._block):
+            self._block, self._at = self._draw(self._BLOCK).tolist(), 0
+        x = self._block[self._at]
+        self._at += 1
+        return x
+
+    def take(self, m: int) -> np.ndarray:
+        """The next ``m`` doubles, float64 of shape (m,)."""
+        held = np.asarray(self._block[self._at : self._at + m], dtype=np.float64)
+        self._at += len(held)
+        return held if len(held) == m else np.concatenate([held, self._draw(m - len(held))])
 
 
 def interleave(segments: list[Segment], ways: int) -> tuple[np.ndarray, np.ndarray]:

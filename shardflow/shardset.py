@@ -155,6 +155,12 @@ class ShardSet:
         names = ", ".join(f"{i} ({p.label})" for i, p in enumerate(self.parts) if not p.sized)
         return f"source {names} has no manifest (shardflow.json) with sample counts; write one with `shardflow index` for each"
 
+    def source_by_url(self) -> dict[str, int] | None:
+        """Shard URL -> source index, for ``__source__`` (None for a single source: every sample is 0)."""
+        if len(self.parts) == 1:
+            return None
+        return {u: int(i) for u, i in zip(self.urls, self.source_of.tolist())}
+
     def part_of(self, shard: int) -> int:
         """The source index of shard number ``shard``."""
         return int(np.searchsorted(self._stops, shard, side="right"))

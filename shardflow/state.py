@@ -37,7 +37,7 @@ __all__ = [
     "check_state",
 ]
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: buffer shuffles pick from PCG64 (order.BufferDraws); a state of 2 would resume another order
 STATE_KEYS = ("kind", "version", "epoch", "remaining", "next_worker", "config")
 
 

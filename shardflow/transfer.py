@@ -2,9 +2,8 @@
 
 Torch sends every CPU tensor of a batch through a shared-memory segment of its own: a new file
 in ``/dev/shm``, its descriptor passed over a socket, and a first-touch page fault per 4 KiB in
-the worker that fills it and again in the main process that maps it. Per batch of 64 images of
-64x64 that was ~380 page faults, ~1.5 ms of CPU in all, a fifth of what decoding the batch costs.
-Here instead:
+the worker that fills it and again in the main process that maps it: a sizeable part of what
+decoding the batch costs (docs/benchmarks.md). Here instead:
 
 * tensors of at most :data:`BY_VALUE_MAX_BYTES` travel by value, pickled with the batch;
 * larger ones are stacked by :func:`shardflow.collation.collate` straight into a slot of a small
@@ -26,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import fastpath
+from .compat.torch import new_shared, storage_uses
 from .errors import ShardflowError
 
 __all__ = ["BY_VALUE_MAX_BYTES", "POOL_SLOTS", "shared_out", "to_wire", "from_wire", "release", "forget"]
@@ -75,8 +76,10 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
     stack a batch into in a DataLoader worker: a free slot of the worker's pool (grown or
     replaced to fit), or a fresh shared tensor when every slot is in flight, and for the
     worker's first batch: that one the main process maps and keeps as it is, the way torch
-    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (for
-    64 photo-sized images, 27 MB read through new mappings into new pages: ~12 ms of CPU)."""
+    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (a copy
+    of the whole batch through new mappings into new pages)."""
+    if not fastpath.enabled() or _SOLE_USE is None:  # torch's own way: a new segment per batch
+        return new_shared((count, *shape), dtype)
     nbytes = count * dtype.itemsize
     for n in shape:
         nbytes *= n
@@ -92,45 +95,27 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
         if not fits:
             if slot is not None:
                 del pool.by_address[slot.data_ptr()]
-            slot = _new_shared((nbytes,), torch.uint8)
+            slot = new_shared((nbytes,), torch.uint8)
             pool.slots[i], pool.sent[i] = slot, False
             pool.by_address[slot.data_ptr()] = i
         pool.state[i] = 1
         pool.fresh[i] = True
         return slot[:nbytes].view(dtype).view(count, *shape)
-    return _new_shared((count, *shape), dtype)
+    return new_shared((count, *shape), dtype)
 
 
-_use_count = getattr(torch._C, "_storage_Use_Count", None)  # tensors (and the storage object) using a storage
-
-
-def _uses(tensor: torch.Tensor) -> int:
-    """How many tensors (and storage objects) use ``tensor``'s memory (``tensor`` alive throughout)."""
-    storage = tensor.untyped_storage()
-    return _use_count(storage._cdata)  # type: ignore[misc]
-
-
-_SOLE_USE = _uses(torch.empty(1)) if _use_count is not None else 0  # one tensor alone
+_SOLE_USE = storage_uses(torch.empty(1))  # one tensor alone (None: this torch cannot tell)
 
 
 def _held_elsewhere(pool: _Pool, i: int) -> bool:
     """Whether a tensor other than the pool's own uses slot ``i``'s memory in this process (a
     batch, or a view of one, that a collate_fn or the pipeline still holds): writing the slot
     would change it. True when torch cannot tell (the slot is then not reused)."""
-    if _use_count is None:
+    uses = storage_uses(pool.slots[i])  # type: ignore[arg-type]
+    if uses is None or _SOLE_USE is None:
         return True
     mapped = _received.get(pool.token)  # (only where one process sends and receives: tests)
-    return _uses(pool.slots[i]) > _SOLE_USE + (mapped is not None and i in mapped[1])  # type: ignore[arg-type]
-
-
-def _new_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in a new shared-memory segment, allocated there directly as
-    torch's ``default_collate`` does (``share_memory_()`` would first copy it from private memory)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
-    return torch.empty(0, dtype=dtype).set_(storage._untyped_storage, 0, shape)
+    return uses > _SOLE_USE + (mapped is not None and i in mapped[1])
 
 
 class _ByValue:
@@ -165,8 +150,9 @@ class _InSlot:
 
 def to_wire(data: Any) -> Any:
     """``data`` (dicts, lists, tuples of values) ready to pickle in a worker: small plain CPU
-    tensors as :class:`_ByValue`, batches in a pool slot as :class:`_InSlot`, the rest as is."""
-    return _wire(data, set())
+    tensors as :class:`_ByValue`, batches in a pool slot as :class:`_InSlot`, the rest as is
+    (all of it as is with the fast paths off: torch then sends every tensor itself)."""
+    return _wire(data, set()) if fastpath.enabled() else data
 
 
 def _wire(data: Any, claimed: set[int]) -> Any:

@@ -8,20 +8,18 @@ value, so splitting and shuffling are pure functions that tests call directly.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import logging
 import os
-import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
-__all__ = ["World", "stable_seed", "exit_with_parent"]
+__all__ = ["World", "stable_seed", "exit_with_parent", "PARENT_POLL_S"]
 
-log = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_S = 1.0
+"""Seconds between two checks, in a DataLoader worker, that the process that started it lives."""
+
 _watching = False
 
 
@@ -68,20 +66,28 @@ class World:
         if rank is None or world_size is None:
             rank, world_size = _detect_ranks(default or (0, 1))
         worker, num_workers = 0, 1
-        try:
-            from torch.utils.data import get_worker_info
-
-            info = get_worker_info()
-        except ImportError:  # pragma: no cover - torch is a hard dependency
-            info = None
+        info = _worker_info()
         if info is not None:
             worker, num_workers = info.id, info.num_workers
             exit_with_parent()
         return cls(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
 
+    @staticmethod
+    def in_worker() -> bool:
+        """Whether this process is a DataLoader worker (``get_worker_info()`` is not None)."""
+        return _worker_info() is not None
+
     def with_workers(self, worker: int, num_workers: int) -> World:
         """The same ranks with another worker position."""
         return replace(self, worker=worker, num_workers=num_workers)
+
+
+def _worker_info() -> Any:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return None
+    return get_worker_info()
 
 
 def _detect_ranks(default: tuple[int, int]) -> tuple[int, int]:
@@ -108,9 +114,12 @@ def exit_with_parent() -> None:
     """Make this process (a DataLoader worker) end when the process that started it dies.
 
     A worker blocked in a read (a stalled request, a read-ahead thread) would
-    outlive a main process that was killed: on Linux the kernel sends the worker
-    ``SIGTERM`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere a
-    daemon thread checks the parent pid every second and exits the process.
+    outlive a main process that was killed. A daemon thread checks the parent
+    pid every :data:`PARENT_POLL_S` seconds and exits the process once it
+    changed (the worker was re-parented: its parent process is gone). Not
+    ``prctl(PR_SET_PDEATHSIG)``: Linux sends that signal when the parent
+    *thread* exits, which kills the healthy persistent workers of a loader
+    iterated first from a thread that has since ended.
     Idempotent: the first call per process sets it up. Called by
     :meth:`World.detect` inside DataLoader workers.
     """
@@ -119,19 +128,10 @@ def exit_with_parent() -> None:
         return
     _watching = True
     parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0:
-                if os.getppid() != parent:  # the parent died before the call
-                    os._exit(1)
-                return
-        except (OSError, AttributeError):
-            log.debug("prctl(PR_SET_PDEATHSIG) unavailable; watching the parent pid instead", exc_info=True)
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(1.0)
+            time.sleep(PARENT_POLL_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()

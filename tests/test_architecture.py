@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardflow"
 # layer of a module is that of its longest listed prefix ("shardflow" itself names only
 # the package's __init__, so that a new top-level module must be placed here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.world", "shardflow.state", "shardflow.expand", "shardflow.seeding")),
+    ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.fastpath", "shardflow.compat", "shardflow.world",
+              "shardflow.state", "shardflow.expand", "shardflow.seeding")),
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
@@ -260,3 +261,29 @@ def test_architecture_doc_names_every_top_level_folder_module_and_layer():
     assert not missing, f"docs/architecture.md does not name {missing}"
     for layer, _ in LAYERS:
         assert layer in section, f"docs/architecture.md does not draw the {layer!r} layer"
+
+
+# Private names of a dependency live in its compat module (shardflow.compat), World alone asks
+# torch which worker this is, and no shuffle rebuilds a generator from another's state.
+CONFINED = [
+    (r"torch\._C\b|\._cdata\b|_typed_storage|_untyped_storage|_new_shared|data\._utils|_shutdown_workers",
+     {"shardflow.compat.torch"}),
+    (r"\._read_array_header\b", {"shardflow.compat.numpy"}),
+    (r"\._get_headers\b|\._set_session\b", {"shardflow.compat.gcsfs"}),
+    (r"\bget_worker_info\b", {"shardflow.world"}),
+    (r"\bgetstate\(", {"shardflow.seeding"}),  # (seeding saves and restores the caller's generators)
+]
+
+
+@pytest.mark.parametrize("pattern, allowed", CONFINED, ids=["torch", "numpy", "gcsfs", "worker_info", "random"])
+def test_dependency_internals_stay_in_their_module(pattern, allowed):
+    import re
+
+    found = sorted(
+        f"{m.name}:{n}"
+        for m in GRAPH.values()
+        if m.name not in allowed
+        for n, line in enumerate(m.path.read_text().splitlines(), 1)
+        if re.search(pattern, line) and not line.lstrip().startswith("#")
+    )
+    assert not found, f"{pattern!r} used outside {sorted(allowed) or 'nowhere allowed'}: {found}"

@@ -26,6 +26,8 @@ from shardflow.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample
 from shardflow.writer import write_manifest
 
+pytestmark = pytest.mark.usefixtures("fast_paths")  # the reader tests run with the fast paths on and off
+
 MAX_PIXELS = 5000  # the "bomb" below is 100 x 100 = 10,000 pixels
 
 

@@ -193,8 +193,8 @@ def test_loader_from_config_forwards_every_loader_argument(images: Path, monkeyp
     loader = loader_from_config({"source": str(images), "batch_size": 4}, **extra)
     assert {k: seen[k] for k in extra} == extra
     assert seen["batch_size"] == 4 and loader.batch_size == 4
-    # every keyword of shardflow.loader that is not a config key is forwarded as given
-    forwarded = set(inspect.signature(real).parameters) - {"dataset"} - set(PipelineConfig.keys())
+    # every keyword of ShardLoader (which shardflow.loader forwards to) that is not a config key is forwarded as given
+    forwarded = set(inspect.signature(shardflow.loading.ShardLoader).parameters) - {"dataset"} - set(PipelineConfig.keys())
     assert set(extra) <= forwarded
 
 

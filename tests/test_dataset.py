@@ -11,6 +11,8 @@ from shardflow.errors import MissingFieldError, SampleError, ShardflowError, Tru
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample
 from shardflow.urls import expand_urls
 
+pytestmark = pytest.mark.usefixtures("fast_paths")  # the reader tests run with the fast paths on and off
+
 
 def write(tmp_path, n=10, per=4, **fields):
     with shardflow.ShardWriter(str(tmp_path / "d-%06d.tar"), max_count=per) as w:

@@ -35,7 +35,7 @@ N = 12  # samples in the fuzzed shard: 24 members, two bulk runs (16 + 8)
 EXAMPLE_SECONDS = 10  # a reader that takes longer hangs
 RSS_GROWTH = 256 << 20  # bytes the whole fuzz run may add to the peak RSS
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_paths")]
 
 
 @pytest.fixture(scope="module")

@@ -63,10 +63,22 @@ def test_shard_order_exact_and_per_epoch():
 
 
 def test_buffer_order_exact():
-    assert buffer_shuffle_order(10, 4, 0).tolist() == [3, 4, 1, 5, 2, 6, 9, 0, 7, 8]
-    assert buffer_shuffle_order(10, 4, 0, initial=2).tolist() == [1, 3, 2, 5, 4, 6, 9, 0, 7, 8]
+    # Golden values, as for the shard order: PCG64's stream is the same in every numpy version
+    assert buffer_shuffle_order(10, 4, 0).tolist() == [2, 1, 0, 5, 7, 8, 3, 9, 4, 6]
+    assert buffer_shuffle_order(10, 4, 0, initial=2).tolist() == [1, 0, 3, 5, 7, 8, 4, 9, 2, 6]
     assert buffer_shuffle_order(10, 0, 0).tolist() == list(range(10))
     assert buffer_shuffle_order(10, 1, 0).tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**63 + 5])
+def test_buffer_draws_are_numpys_doubles_one_by_one_or_many_at_once(seed):
+    from shardflow.order import BufferDraws
+
+    reference = np.random.Generator(np.random.PCG64(seed)).random(1000)  # numpy's float64 from PCG64
+    draws = BufferDraws(seed)
+    got = [draws.next() for _ in range(3)] + draws.take(300).tolist() + [draws.next() for _ in range(400)]
+    got += draws.take(297).tolist()
+    assert got == reference.tolist()
 
 
 def test_c01_plan_one_shard_two_ranks():
@@ -293,6 +305,6 @@ def test_first_batch_needs_a_small_fill_only():
 @pytest.mark.parametrize("n,buffer,initial,seed", [(5000, 1000, 100, 7), (3000, 7, 3, 2**63 + 5), (2000, 1999, 1, 1),
                                                    (70_100, 70_000, 100, 11)])
 def test_buffer_order_equals_the_buffer_in_its_steady_state(n, buffer, initial, seed):
-    """The steady state's draws are made with numpy (the same doubles as random.random()):
-    the order is still exactly that of shuffle_buffer, also past 2**16 buffer slots."""
+    """The steady state's draws are taken at once (the same doubles as one by one): the
+    order is still exactly that of shuffle_buffer, also past 2**16 buffer slots."""
     assert buffer_shuffle_order(n, buffer, seed, initial).tolist() == list(shuffle_buffer(range(n), buffer, seed, initial))

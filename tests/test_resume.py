@@ -78,7 +78,7 @@ def test_c11_resume_after_five_batches(c11: Path, shuffle: Any) -> None:
     assert sorted(flat_keys(record)) == sorted(flat_keys(record_next)) == [sample_key(i) for i in range(100)]
     if shuffle:
         assert flat_keys(record) != flat_keys(record_next)  # epoch 1 is another order
-        assert record[0]["__key__"] == ["000083", "000040", "000082", "000043"]  # exact: same on every machine
+        assert record[0]["__key__"] == ["000083", "000042", "000040", "000043"]  # exact: same on every machine
     else:
         assert record == record_next
         # stored order through 2 workers: batches go round robin, the DataLoader alternates

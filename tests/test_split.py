@@ -314,9 +314,9 @@ def test_c05_epochs_are_partitions_and_reproducible(sixteen: Path) -> None:
     assert runs[False] == runs[True]  # persistent workers or not: the same epochs
     assert c05_epochs(sixteen, False, [2, 0]) == [runs[False][2], runs[False][0]]  # (seed, epoch) reproduces
     # exact first epoch, so that a change of order on another machine or version shows
-    # (workers take the rank's batches round robin: rank 0 yields 3, 13, 10, 14, 11, 8, 4, 1 for any worker count)
-    assert runs[False][0][(0, 0)] == keys(3, 10, 11, 4)
-    assert runs[False][0][(0, 1)] == keys(13, 14, 8, 1)
+    # (workers take the rank's batches round robin: rank 0 yields 3, 14, 8, 4, 10, 11, 13, 1 for any worker count)
+    assert runs[False][0][(0, 0)] == keys(3, 8, 10, 13)
+    assert runs[False][0][(0, 1)] == keys(14, 4, 11, 1)
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -348,7 +348,9 @@ def test_shuffled_batches_mix_shards(tmp_path: Path) -> None:
         return [len(set(b["__url__"])) for b in ld]
 
     assert min(shards_per_batch(True)) >= 2
-    assert min(shards_per_batch(ShuffleConfig(shards=True, buffer=16))) >= 2
+    # a 16-sample buffer over 4 interleaved shards: a batch of 4 from a single shard happens by chance
+    small = shards_per_batch(ShuffleConfig(shards=True, buffer=16))
+    assert sum(n >= 2 for n in small) >= 0.9 * len(small)
     # stored order: only the batches that straddle a shard boundary mix (batches 2, 7, 12, ...), and
     # the loader yields the batches in plan order (round robin over the workers)
     assert shards_per_batch(False) == [2 if b % 5 == 2 else 1 for b in range(25)]

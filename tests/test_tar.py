@@ -12,6 +12,8 @@ from shardflow.errors import SampleError, ShardFormatError, TruncatedShardError
 from shardflow.format.keys import check_key, split_name
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_members, iter_samples
 
+pytestmark = pytest.mark.usefixtures("fast_paths")  # the reader tests run with the fast paths on and off
+
 
 def chunked(data: bytes, size: int = 7777):
     return [data[i : i + size] for i in range(0, len(data), size)]

@@ -18,6 +18,8 @@ from shardflow.format.keys import split_name
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples, scan_shard
 
+pytestmark = pytest.mark.usefixtures("fast_paths")  # the reader tests run with the fast paths on and off
+
 sample_kinds = st.sampled_from(["plain", "three", "big", "pax", "dir", "empty", "upper", "dup", "again", "meta", "nodot",
                                 "long100", "dotted_dir"])
 

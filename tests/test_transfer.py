@@ -20,7 +20,7 @@ from shardflow.collation import collate
 from shardflow.loading import loader as make_loader
 from tests.helpers import make_shards
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"), pytest.mark.usefixtures("fast_paths")]
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +37,7 @@ def cross(item: WorkerItem) -> WorkerItem:
     return pickle.loads(bytes(ForkingPickler.dumps(item)))
 
 
+@pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
 def test_slots_are_reused_and_what_arrived_stays_intact():
     received = []
     for k in range(3 * transfer.POOL_SLOTS):
@@ -50,6 +51,7 @@ def test_slots_are_reused_and_what_arrived_stays_intact():
     assert [int(t.min()) for t in received] == [int(t.max()) for t in received] == list(range(3 * transfer.POOL_SLOTS))
 
 
+@pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
 def test_a_workers_first_batch_is_not_copied_out_of_a_slot(monkeypatch):
     monkeypatch.setattr(transfer, "_pool", None)  # a worker that has sent nothing yet
     out = transfer.shared_out(8, (3, 40, 40), torch.uint8)
@@ -78,6 +80,7 @@ def test_a_slot_not_handed_back_is_never_reused():
     assert float(held.mean()) == transfer.POOL_SLOTS - 1  # the one still held is never written
 
 
+@pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
 def test_a_batch_the_worker_still_holds_is_never_written():
     """A collate_fn that keeps the last batch (to mix it into the next one): its slot is not
     reused while held, and a batch carrying it again sends a copy (the main process handed the
@@ -103,6 +106,7 @@ def test_dtypes_shapes_and_a_slot_that_must_grow():
         torch.testing.assert_close(got, src.to(dtype), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
 def test_unknown_pool_is_an_error():
     out = transfer.shared_out(2, (200, 200), torch.uint8)
     item = cross(WorkerItem(0, 0, {"img": out}))
@@ -149,6 +153,7 @@ def test_loader_batches_through_the_pool_are_exact_and_unmapped_after(tmp_path: 
     del loader
 
 
+@pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
 def test_views_of_a_slot_are_copied_out_too():
     """A batch holding a slot and views of it (``b[1:]``, a permute): each arrives as its own
     copy, and none changes when the slot is reused for later batches."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compat.numpy import read_array_header
 from ..errors import ConversionError, missing_dependency
 
 __all__ = ["ArraySpec", "RowReader", "inspect_array", "split_source"]
@@ -136,15 +137,8 @@ def _check_dtype(where: str, dtype: np.dtype) -> np.dtype:
 
 def _npy_header(f: Any, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Read a .npy header from a file object; returns (shape, fortran_order, dtype)."""
-    fmt = np.lib.format
     try:
-        version = fmt.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(f)
-        else:  # 3.0 (UTF-8 field names) has no public reader
-            shape, fortran, dtype = fmt._read_array_header(f, version=version)
+        shape, fortran, dtype = read_array_header(f, np.lib.format.read_magic(f))
     except ValueError as e:
         raise ConversionError(f"{where}: not a valid .npy: {e}") from e
     return tuple(int(x) for x in shape), bool(fortran), np.dtype(dtype)

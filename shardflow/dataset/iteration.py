@@ -8,16 +8,15 @@ workers batch and collate) into the worker's pipeline.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from .. import reader
-from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
+from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..collation import takes_graph_records
-from ..errors import SampleError, ShardflowError
+from ..errors import ShardflowError
 from ..plan import shuffle_buffer, split_unsized, worker_batches
 from ..policy import ErrorPolicy
 from ..seeding import Seeder, restoring
@@ -50,14 +49,14 @@ class Iteration:
         world = self.world()
         epoch = self._begin(world.worker)
         resume = self._resume if (self._resume is not None and self._resume.epoch == epoch) else None
-        if world.num_workers == 1 and torch.utils.data.get_worker_info() is None:
+        if world.num_workers == 1 and not World.in_worker():
             self._resume = None  # consumed by this iteration in the main process
         self._last_epoch = epoch
         policy = ErrorPolicy(self.on_error)
         self.stats = policy.stats
         if self._batching is not None:
             batches = self._iter_batches(world, epoch, resume, policy)
-            if torch.utils.data.get_worker_info() is not None:
+            if World.in_worker():
                 return Primed(batches)  # the first batch now, while the DataLoader starts the other workers
             return batches
         return self._iter_samples(world, epoch, resume, policy)
@@ -77,8 +76,14 @@ class Iteration:
         """Compose the stages; returns (items, planned batch sizes)."""
         k = self.expand.count if self.expand is not None else 1
         seeder = self._seeder(world, epoch)
-        prepare = self._preparer(epoch, policy, seeder) if self.expand is not None else None
-        tagged = False  # __source__ set by the reader
+        # The default collate batches graph fields from checked records in one step.
+        records = (self._batching is not None and self.transform is None and self.expand is None
+                   and takes_graph_records(self._batching.collate))
+        prepare = reader.Prepare(policy, fields=self.fields, sources=self.source.source_by_url(), decode=self.decode,
+                                 graph_records=records, expand=self.expand, seed=self.seed, epoch=epoch,
+                                 seed_sample=seeder.sample)
+        # one-to-many samples are prepared as read, before the shuffle buffer; others after it
+        expanded = prepare.items if self.expand is not None else None
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes, order = plan.batch_positions(ids)
@@ -87,20 +92,18 @@ class Iteration:
             # read order is the yield order unless a shuffle buffer reorders: then no positions to keep
             # (nor a first batch to read first: see phases.first_phase)
             if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
-                tagged = prepare is None  # __source__ set as each sample is made
                 items: Iterator[Any] = reader.read_planned(
-                    plan, needed, self.source, self.io, policy, self._offsets, k, prepare,
-                    sources=self.source.source_of.tolist() if tagged else None, positioned=False,
+                    plan, needed, self.source, self.io, policy, self._offsets, k, expanded, positioned=False
                 )
             else:
                 raw = reader.read_planned_in_phases(
-                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
+                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, expanded
                 )
                 items = reader.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
             items = reader.read_shards(shards, self.source, self.io, policy)
-            if prepare is not None:
+            if expanded is not None:
                 items = reader.expand_each(items, prepare, k)
             items = shuffle_buffer(
                 items, self.shuffle.buffer, stable_seed("buffer", self.seed, epoch, world.rank, world.worker), self.shuffle.initial
@@ -108,14 +111,8 @@ class Iteration:
             sizes = []
             if skip:
                 items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
-        if prepare is None and self.fields is not None:
-            items = reader.select_fields(items, self.fields, policy)
-        if prepare is None and not tagged:
-            items = tag_sources(items, self._source_index())
-        if prepare is None and self.decode is not None:
-            # The default collate batches graph fields from checked records in one step.
-            records = self._batching is not None and self.transform is None and takes_graph_records(self._batching.collate)
-            items = reader.decode(items, self.decode, policy, records)
+        if expanded is None:
+            items = reader.prepared(items, prepare)
         if self.transform is not None:
             items = reader.apply_transform(items, seeder.wrap(self.transform), policy)
         return items, sizes
@@ -124,42 +121,10 @@ class Iteration:
         """Seeds the global generators per sample and per batch (see :mod:`shardflow.seeding`)."""
         return Seeder(self.seed, epoch, world.rank, self.sample_seeding)
 
-    def _preparer(self, epoch: int, policy: ErrorPolicy, seeder: Seeder) -> Callable[[dict[str, Any]], list[Any] | None]:
-        """Select, decode and expand one raw sample into its items (one-to-many samples)."""
-        expand = self.expand
-        wanted = reader.wanted_fields(self.fields) if self.fields is not None else None
-        options = self.decode
-        seed = self.seed
-        by_url = self._source_index()
-
-        def prepare(sample: dict[str, Any]) -> list[Any] | None:
-            s: dict[str, Any] | None = sample
-            if wanted is not None:
-                s = reader.select_one(sample, wanted, policy)
-            if s is not None:
-                s["__source__"] = by_url.get(s["__url__"], 0) if by_url else 0
-            if s is not None and options is not None:
-                s = reader.decode_one(s, options, policy)
-            if s is None or expand is None:
-                return None
-            rng = np.random.Generator(np.random.PCG64(stable_seed("expand", seed, epoch, s["__key__"])))
-            try:
-                seeder.sample(s["__key__"])
-                items = list(expand.fn(s, rng))
-                if len(items) != expand.count:
-                    raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
-            except Exception as e:
-                err = SampleError(f"{s['__url__']}: sample {s['__key__']!r}: expand raised {type(e).__name__}: {e}", reason="expand")
-                policy.handle(err, cause=e)
-                return None
-            return items
-
-        return prepare
-
     def _iter_samples(self, world: World, epoch: int, resume: ResumePoint | None, policy: ErrorPolicy) -> Iterator[Any]:
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
-        in_main = torch.utils.data.get_worker_info() is None
+        in_main = not World.in_worker()
         layout = resume.layout if resume is not None else ()
         progress = [ids[0] if ids else (resume.step if resume is not None else 0), 0, skip, layout]
         if in_main:  # set at iter(), so a state_dict() before the first next() names this epoch

@@ -221,7 +221,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         DataLoader workers with the dataset, for workers that cannot detect
         them (``spawn`` workers of a job started with ``torch.multiprocessing``).
         """
-        if torch.utils.data.get_worker_info() is None:
+        if not World.in_worker():
             world = World.detect(*self._ranks)
             self._main_ranks = (world.rank, world.world_size)
             return world
@@ -231,12 +231,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     def sources(self) -> tuple[SourcePart, ...]:
         """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
         return self.source.parts
-
-    def _source_index(self) -> dict[str, int] | None:
-        """Shard URL -> source index (None for a single source: every sample is 0)."""
-        if len(self.source.parts) == 1:
-            return None
-        return {u: int(i) for u, i in zip(self.source.urls, self.source.source_of.tolist())}
 
     def _check_fields(self) -> None:
         m = self.source.manifest
@@ -382,7 +376,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         """Called at the start of every iteration in the process that iterates."""
         if worker >= _MAX_WORKERS:
             raise ShardflowError(f"at most {_MAX_WORKERS} DataLoader workers are supported")
-        if torch.utils.data.get_worker_info() is None:
+        if not World.in_worker():
             # Iterating in this process: advance the epoch for every worker slot, so that
             # DataLoader workers forked later (each counting its own iterations) agree.
             epoch = int(self._control[0]) + int(self._control[1])

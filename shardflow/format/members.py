@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import SampleError, ShardFormatError, TruncatedShardError
 from .headers import BLOCK, EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_size, member_error, parse_number, parse_pax
 from .limits import DEFAULT_LIMITS, Limits
+from .. import fastpath
 from . import spans
 from .spans import SampleRun
 
@@ -173,6 +174,7 @@ def member_runs(
     empty = True
     stop = end if end is not None else -1
     run = 16  # members in the next bulk run (see spans.plain_members)
+    bulk = fastpath.enabled()
     offset = start
     member: str | None = None  # the regular member whose header was read, for errors
     try:
@@ -185,7 +187,7 @@ def member_runs(
                 buf, base = _refilled(it, buf, pos, base, url, start, empty, first_offset)
                 pos = 0
             empty = False
-            if first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
+            if bulk and first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
                 members, pos = spans.bulk_members(buf, pos, base, stop, limits.max_member_bytes, run, starts, grouped)
                 run = min(2 * run, spans.RUN)  # short runs first: the first sample comes soon
                 if members:
@@ -274,7 +276,7 @@ def _checked_header(
     chk = header[148:156]
     # sum of the header's bytes with the checksum field as spaces (POSIX ustar);
     # adler32's first half seeded with 0 is that sum mod 65521, and exact for
-    # 256 bytes (at most 65,280), and faster than sum() over the block
+    # 256 bytes (at most 65,280), and faster than sum() over the block (docs/benchmarks.md)
     computed = _adler(header[:256], 0) % 65536 + _adler(header[256:], 0) % 65536 - sum(chk) + 256
     stored = parse_number(chk, url, offset, "checksum")
     if stored != computed and stored != _signed_checksum(header):

@@ -3,8 +3,8 @@
 The reader groups adjacent members that share a key into samples (key and
 field split as in the webdataset tar convention, see :mod:`.keys`), over the
 member walk of :mod:`.members`, which parses POSIX ustar, GNU and PAX headers
-and checks every one. It reads several times faster than iterating members with
-CPython ``tarfile`` (docs/benchmarks.md).
+and checks every one, faster than iterating members with CPython ``tarfile``
+(docs/benchmarks.md).
 
 The writer emits ustar headers, with a PAX ``path`` record before any member
 whose name is not ASCII or does not fit ustar's 100/155-byte fields, so names of
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import fastpath
 from ..errors import SampleError, ShardFormatError
 from .headers import BLOCK
 from .keys import split_name
@@ -107,10 +108,10 @@ def iter_samples(
     bounds, at_start = _bounds(starts)
     key: str | None = None
     fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
-    sample_offset = start
-    count = 0
+    sample_offset, count = start, 0
+    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled())
     try:
-        for run in member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=True):
+        for run in walk:
             if type(run) is SampleRun and (bounds is None or _fits(run, key, bounds)):
                 # grouped already (the common case): whole samples at once
                 got = _grouped(run, key, fields, sample_offset, closed)

@@ -11,7 +11,8 @@ One pass of one worker goes through these modules in order:
 * :mod:`.phases`: the first batch's samples read first where that helps.
 * :mod:`.shards`: reading without a plan (no manifest), and putting planned
   reads back into yield order.
-* :mod:`.samples`: selecting, decoding, transforming and batching samples.
+* :mod:`.samples`: :class:`Prepare` (select, tag, decode, expand: the one per-sample
+  path), the transform, batching.
 
 Errors go to one :class:`~shardflow.policy.ErrorPolicy`. See docs/architecture.md
 for a sample's whole trip.
@@ -20,16 +21,7 @@ for a sample's whole trip.
 from .phases import PHASE_RATIO, first_phase, read_planned_in_phases
 from .planned import read_planned
 from .runs import REMOTE_SEEK_BYTES, SEEK_GAP
-from .samples import (
-    apply_transform,
-    batched,
-    decode,
-    decode_one,
-    expand_each,
-    select_fields,
-    select_one,
-    wanted_fields,
-)
+from .samples import Prepare, apply_transform, batched, expand_each, prepared, tag_source
 from .shards import emit_in_order, read_shards
 
 __all__ = [
@@ -39,11 +31,9 @@ __all__ = [
     "PHASE_RATIO",
     "read_shards",
     "emit_in_order",
-    "select_fields",
-    "select_one",
-    "wanted_fields",
-    "decode",
-    "decode_one",
+    "Prepare",
+    "prepared",
+    "tag_source",
     "apply_transform",
     "expand_each",
     "batched",

@@ -132,7 +132,7 @@ def _plain(plan: RankPlan, positions: np.ndarray, source: ShardSet, io: storage.
     compressed); read from its start it streams whole, decompressed, and a fresh
     start must keep it so. One 4-byte read per shard (local files only come here).
     """
-    # (a set, not np.unique: that imports numpy.ma on first use, 30-90 ms in a fresh worker)
+    # (a set, not np.unique: that imports numpy.ma on first use, slow in a fresh worker: docs/benchmarks.md)
     shards = {plan.segments[s].shard for s in set(plan.read_segment[positions].tolist())}
     try:
         return not any(source.load_frames(shard, io) is None and storage.is_compressed(source.urls[shard], io)

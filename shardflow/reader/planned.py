@@ -1,6 +1,7 @@
 """The main loop of a pass over a worker's planned samples: :func:`read_planned`.
 
-It steps through the read positions in read order (:mod:`.runs`); a run's next
+Samples come out as read (``__key__``, ``__url__``, fields as bytes): :class:`.samples.Prepare`
+makes them ready. It steps through the read positions in read order (:mod:`.runs`); a run's next
 samples come from its open stream (:mod:`.streams`), and anything unusual (a
 stream to open, a failure, the end of a shard) goes to :mod:`.recovery`. A block
 of positions that read the next samples of an open run, all wanted, goes in one
@@ -9,13 +10,13 @@ inner loop: the hot path of reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from .. import storage
+from .. import fastpath, storage
 from ..errors import SampleError, ShardflowError
 from ..plan import RankPlan
 from ..policy import ErrorPolicy
@@ -39,7 +40,6 @@ def read_planned(
     expand: int = 1,
     prepare: Callable[[Sample], list[Any] | None] | None = None,
     *,
-    sources: Sequence[int] | None = None,
     positioned: bool = True,
 ) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
@@ -56,8 +56,6 @@ def read_planned(
         prepare: with ``expand > 1``, turns one raw sample into its
             ``expand`` items (or None when the sample was dropped); each
             sample is read and prepared once.
-        sources: with ``expand == 1``, the source index of every shard, set as
-            ``__source__`` on each sample as it is made (None: not set).
         positioned: False to yield the items alone (when read order is the
             order wanted, no reordering needs the positions).
 
@@ -66,12 +64,12 @@ def read_planned(
         ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
     """
     k = expand
-    table = RunTable.build(plan, needed, source, k, sources, in_blocks=k == 1 and not positioned)
+    table = RunTable.build(plan, needed, source, k, in_blocks=k == 1 and not positioned and fastpath.enabled())
     if table is None:
         return
     recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
     streams, cached = recovery.streams, recovery.cached
-    iters, last_l, run_url, run_source = streams.open, table.last, table.url, table.source
+    iters, last_l, run_url = streams.open, table.last, table.url
     steps = table.steps()
     try:
         for pos, s, i, want, ahead in steps:
@@ -85,16 +83,12 @@ def read_planned(
             it = iters.get(s)
             if it is not None and ahead > 1:  # the common case: the run is open, its next samples wanted
                 url, done = run_url[s], 0
-                tag = run_source[s] if run_source is not None else None
                 try:
                     for item in islice(it.samples, ahead):
                         fields = item[2]
                         if type(fields) is not dict:  # a bad sample: the general code below drops it
                             break
-                        if tag is None:
-                            yield {"__key__": item[0], "__url__": url, **fields}
-                        else:
-                            yield {"__key__": item[0], "__url__": url, **fields, "__source__": tag}
+                        yield {"__key__": item[0], "__url__": url, **fields}
                         done += 1
                     else:
                         item = None
@@ -138,10 +132,7 @@ def read_planned(
                 policy.handle(fields)
                 yield (pos, None) if positioned else None
                 continue
-            if run_source is None:
-                sample: Sample = {"__key__": key, "__url__": run_url[s], **fields}
-            else:
-                sample = {"__key__": key, "__url__": run_url[s], **fields, "__source__": run_source[s]}
+            sample: Sample = {"__key__": key, "__url__": run_url[s], **fields}
             yield (pos, sample) if positioned else sample
     finally:
         streams.close()

@@ -8,7 +8,7 @@ plain lists that the main loop (:mod:`shardflow.reader.planned`) indexes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -112,8 +112,7 @@ class RunTable:
     Attributes:
         shard, first, last: per run, its shard and its first and last sample
             (items, with one-to-many samples: item ``i`` is sample ``i // expand``).
-        url, source: per run, its shard's URL and source index (None: not tagged),
-            set on every sample it gives.
+        url: per run, its shard's URL, set on every sample it gives.
         gaps: shard -> the gap its runs read through (:func:`read_through`).
         opening: runs in the order they are first read (the open-ahead order).
         lo, hi: the read positions stepped through, ``[lo, hi)``.
@@ -127,7 +126,6 @@ class RunTable:
     first: list[int]
     last: list[int]
     url: list[str]
-    source: list[int] | None
     gaps: dict[int, int]
     opening: list[int]
     lo: int
@@ -145,7 +143,6 @@ class RunTable:
         needed: np.ndarray,
         source: ShardSet,
         expand: int,
-        sources: Sequence[int] | None,
         in_blocks: bool,
     ) -> RunTable | None:
         """The runs of the ``needed`` read positions (bool, shape (read positions,)) of
@@ -170,7 +167,6 @@ class RunTable:
             first=first.tolist(),
             last=last.tolist(),
             url=[urls[sh] for sh in shards],
-            source=[int(sources[sh]) for sh in shards] if sources is not None else None,
             gaps=gaps,
             opening=segs[np.argsort(first_at, kind="stable")].tolist(),
             lo=lo,

@@ -1,98 +1,153 @@
-"""Per-sample stages after reading: select fields, decode, transform, expand, batch.
+"""Per-sample stages after reading: prepare (select, tag, decode, expand), transform, batch.
 
-Each is a plain generator over samples (``None`` marks a dropped sample, so that
-positions stay aligned until :func:`batched`), with a one-sample form used where
-one stored sample is prepared at a time (one-to-many samples).
+:class:`Prepare` is the one per-sample path of every dataset; the stages are
+plain generators over samples (``None`` marks a dropped sample, so that
+positions stay aligned until :func:`batched`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..codecs import DecodeOptions, decode_field, field_alternatives
 from ..errors import DecodeError, MissingFieldError, SampleError
+from ..expand import Expand
 from ..policy import ErrorPolicy
+from ..world import stable_seed
 
-__all__ = [
-    "wanted_fields",
-    "select_one",
-    "select_fields",
-    "decode_one",
-    "decode",
-    "apply_transform",
-    "expand_each",
-    "batched",
-]
+__all__ = ["Prepare", "tag_source", "prepared", "expand_each", "apply_transform", "batched"]
 
 Sample = dict[str, Any]
 
 
-def expand_each(samples: Iterator[Sample | None], prepare: Callable[[Sample], list[Any] | None], k: int) -> Iterator[Any]:
-    """Replace each sample by its ``k`` prepared items (``k`` Nones when it was dropped)."""
+def tag_source(sample: Sample, by_url: Mapping[str, int] | None) -> Sample:
+    """Set ``__source__``, the index of the sample's source in the dataset's list (0 for one
+    source; ``by_url``: shard URL -> source index, None for one source). The one place it is set."""
+    sample["__source__"] = by_url.get(sample["__url__"], 0) if by_url else 0
+    return sample
+
+
+class Prepare:
+    """One read sample made ready: its fields selected, ``__source__`` set, decoded, and
+    with one-to-many samples expanded into its items. Used by every dataset.
+
+    Args:
+        policy: where errors go (a missing field, a field that cannot decode, an
+            ``expand`` that raises).
+        fields: the field names to keep (see :meth:`select`), or None for all.
+        sources: shard URL -> source index, or None (one source).
+        decode: how to decode (None: fields stay bytes).
+        graph_records: decode graph fields into records for the default collate
+            (see :func:`~shardflow.codecs.decode_field`).
+        expand: one-to-many samples, or None; its generator is seeded from
+            ``(seed, epoch, key)``.
+        seed, epoch: for ``expand``.
+        seed_sample: called with the sample's key right before ``expand`` runs (to
+            seed the global generators, see :mod:`shardflow.seeding`), or None.
+    """
+
+    def __init__(
+        self,
+        policy: ErrorPolicy,
+        *,
+        fields: Sequence[str] | None = None,
+        sources: Mapping[str, int] | None = None,
+        decode: DecodeOptions | None = None,
+        graph_records: bool = False,
+        expand: Expand | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        seed_sample: Callable[[str], None] | None = None,
+    ) -> None:
+        self._policy = policy
+        # (name, alternatives) of each requested field ("jpg;png", "image")
+        self._wanted = [(f.split(";")[0], field_alternatives(f)) for f in fields] if fields is not None else None
+        self._sources = sources
+        self._decode = decode
+        self._records = graph_records
+        self._expand = expand
+        self._seed, self._epoch = seed, epoch
+        self._seed_sample = seed_sample
+
+    def one(self, sample: Sample) -> Sample | None:
+        """The sample selected, tagged and decoded, or None when it was dropped (counted)."""
+        s = self.select(sample) if self._wanted is not None else sample
+        if s is None:
+            return None
+        tag_source(s, self._sources)
+        return self.decoded(s) if self._decode is not None else s
+
+    def items(self, sample: Sample) -> list[Any] | None:
+        """:meth:`one`, then the ``expand.count`` items of the sample (None: dropped)."""
+        s = self.one(sample)
+        expand = self._expand
+        if s is None or expand is None:
+            return None
+        rng = np.random.Generator(np.random.PCG64(stable_seed("expand", self._seed, self._epoch, s["__key__"])))
+        try:
+            if self._seed_sample is not None:
+                self._seed_sample(s["__key__"])
+            items = list(expand.fn(s, rng))
+            if len(items) != expand.count:
+                raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
+        except Exception as e:
+            err = SampleError(f"{s['__url__']}: sample {s['__key__']!r}: expand raised {type(e).__name__}: {e}", reason="expand")
+            self._policy.handle(err, cause=e)
+            return None
+        return items
+
+    def select(self, s: Sample) -> Sample | None:
+        """``__key__``, ``__url__`` and the requested fields; a missing one is an error.
+
+        A requested name may list alternatives separated by ``;`` (``"jpg;png"``):
+        the first present is kept under the first name. ``"image"`` stands for
+        whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
+        """
+        out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
+        for name, alternatives in self._wanted or ():
+            for alt in alternatives:
+                if alt in s:
+                    out[name] = s[alt]
+                    break
+            else:
+                present = sorted(k for k in s if not k.startswith("__"))
+                self._policy.handle(MissingFieldError(
+                    f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})"
+                ))
+                return None
+        return out
+
+    def decoded(self, s: Sample) -> Sample | None:
+        """Every field decoded by its extension (see :mod:`shardflow.codecs`), in place."""
+        try:
+            for name, value in s.items():
+                if not name.startswith("__"):
+                    s[name] = decode_field(name, value, self._decode, graph_records=self._records)
+        except DecodeError as e:
+            err = DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason)
+            self._policy.handle(err, cause=e)
+            return None
+        return s
+
+
+def prepared(samples: Iterator[Sample | None], prepare: Prepare) -> Iterator[Sample | None]:
+    """:meth:`Prepare.one` of every sample (None stays None)."""
+    one = prepare.one
     for s in samples:
-        items = prepare(s) if s is not None else None
+        yield None if s is None else one(s)
+
+
+def expand_each(samples: Iterator[Sample | None], prepare: Prepare, k: int) -> Iterator[Any]:
+    """Replace each sample by its ``k`` items (:meth:`Prepare.items`; ``k`` Nones when it was dropped)."""
+    for s in samples:
+        items = prepare.items(s) if s is not None else None
         if items is None:
             yield from [None] * k
         else:
             yield from items
-
-
-def wanted_fields(fields: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """``(name, alternatives)`` of each requested field (``"jpg;png"``, ``"image"``), for :func:`select_one`."""
-    return [(f.split(";")[0], field_alternatives(f)) for f in fields]
-
-
-def select_one(s: Sample, wanted: list[tuple[str, list[str]]], policy: ErrorPolicy) -> Sample | None:
-    """One sample of :func:`select_fields`."""
-    out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
-    for name, alternatives in wanted:
-        for alt in alternatives:
-            if alt in s:
-                out[name] = s[alt]
-                break
-        else:
-            present = sorted(k for k in s if not k.startswith("__"))
-            policy.handle(
-                MissingFieldError(f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})")
-            )
-            return None
-    if "__source__" in s:  # set as the sample was read
-        out["__source__"] = s["__source__"]
-    return out
-
-
-def select_fields(samples: Iterator[Sample | None], fields: Sequence[str], policy: ErrorPolicy) -> Iterator[Sample | None]:
-    """Keep ``__key__``, ``__url__`` and the requested fields; a missing one is an error.
-
-    A requested name may list alternatives separated by ``;`` (``"jpg;png"``):
-    the first present is kept under the first name. ``"image"`` stands for
-    whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
-    """
-    wanted = wanted_fields(fields)
-    for s in samples:
-        yield None if s is None else select_one(s, wanted, policy)
-
-
-def decode_one(s: Sample, options: DecodeOptions, policy: ErrorPolicy, graph_records: bool = False) -> Sample | None:
-    """One sample of :func:`decode`."""
-    try:
-        for name, value in s.items():
-            if not name.startswith("__"):
-                s[name] = decode_field(name, value, options, graph_records=graph_records)
-    except DecodeError as e:
-        policy.handle(DecodeError(f"{s['__url__']}: sample {s['__key__']!r}: cannot decode {e}", reason=e.reason))
-        return None
-    return s
-
-
-def decode(
-    samples: Iterator[Sample | None], options: DecodeOptions, policy: ErrorPolicy, graph_records: bool = False
-) -> Iterator[Sample | None]:
-    """Decode every field by its extension (see :mod:`shardflow.codecs`); ``graph_records``:
-    as :func:`~shardflow.codecs.decode_field` (the samples go to the default collate)."""
-    for s in samples:
-        yield None if s is None else decode_one(s, options, policy, graph_records)
 
 
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:

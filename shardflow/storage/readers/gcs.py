@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import RemoteReadError
 
+from ...compat import gcsfs as gcsfs_compat
 from ..errors import ShardChangedError
 from ..filesystems import fresh_info, sync_within
 from .stream import StreamReader, range_total
@@ -58,9 +59,9 @@ class GCSReader(StreamReader):
         import aiohttp
 
         fs = self._fs
-        await fs._set_session()
+        http = await gcsfs_compat.session(fs)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout, sock_read=self._timeout)
-        resp = await fs.session.get(media, headers=fs._get_headers(headers), timeout=timeout)
+        resp = await http.get(media, headers=gcsfs_compat.request_headers(fs, headers), timeout=timeout)
         try:
             if resp.status == 404:
                 if reopen and pinned:
