@@ -134,10 +134,17 @@ def _npy(rng: random.Random, nrng: np.random.Generator, size: int | None) -> np.
         arr = nrng.integers(0, 256, size - 128, dtype=np.uint8)
         extra = len(_npy_bytes(arr[:0])) - 128  # the header of a 1-D uint8 array is 128 bytes
         return arr[: len(arr) - extra] if extra > 0 else arr
-    dtype = rng.choice(("u1", "<i2", ">i4", "<f4", "<f8", "?", "<c8", "<U3", "<i8", ">f2"))
+    dtype = rng.choice(("u1", "<i2", ">i4", "<f4", "<f8", "?", "<c8", "<U3", "<i8", ">f2", "S4", "M8[s]", "rec"))
     shape = rng.choice(((), (0,), (3,), (2, 3), (1, 0, 2), (4, 1, 2), (rng.randint(1, 50),)))
     count = int(np.prod(shape)) if shape else 1
-    if dtype == "<U3":
+    if dtype == "rec":  # a structured dtype (its descr is a list)
+        arr = np.zeros(shape, dtype=[("a", "<i4"), ("b", ">f8"), ("c", "S2")])
+        if count:
+            arr.reshape(-1)["a"] = nrng.integers(-1000, 1000, count)
+            arr.reshape(-1)["b"] = nrng.standard_normal(count)
+    elif dtype in ("S4", "M8[s]"):
+        arr = nrng.integers(0, 2**31, count).astype(dtype).reshape(shape)
+    elif dtype == "<U3":
         arr = np.array(["", "a", "ßé", "漢字x"] * count, dtype=dtype)[:count].reshape(shape)
     elif dtype == "?":
         arr = nrng.integers(0, 2, count).astype(bool).reshape(shape)
@@ -173,16 +180,43 @@ def _json(rng: random.Random, depth: int = 0) -> Any:
     return [_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
 
 
+_IMAGE_MODES = {
+    "png": ("RGB", "L", "RGBA", "LA", "P", "1"),
+    "webp": ("RGB", "RGBA"),
+    "jpg": ("RGB", "L", "CMYK"),
+}
+
+
 def _image(rng: random.Random, nrng: np.random.Generator, ext: str, big: bool) -> bytes:
+    """Encoded image bytes: PNG in 8-bit modes (palette, 1-bit, with alpha), WebP lossy or
+    lossless, JPEG baseline or progressive, any subsampling, grey, CMYK, with an EXIF orientation at times."""
     side = (rng.randint(1, 40), rng.randint(1, 40)) if not big else (700, 600)
-    mode = rng.choice(("RGB", "L", "RGBA")) if ext in ("png", "webp") else rng.choice(("RGB", "L"))
-    channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
-    pixels = nrng.integers(0, 256, (side[1], side[0], channels), dtype=np.uint8)
-    img = Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels, mode)
+    kind = "jpg" if ext in ("jpg", "jpeg") else ext
+    mode = rng.choice(_IMAGE_MODES[kind]) if not big else "RGB"
+    pixels = nrng.integers(0, 256, (side[1], side[0], 4), dtype=np.uint8)
+    if mode in ("RGB", "RGBA", "CMYK"):
+        img = Image.fromarray(pixels[:, :, : len(mode)].copy(), mode)
+    else:
+        img = Image.fromarray(pixels[:, :, 0].copy(), "L")
+        if mode == "LA":
+            img = Image.merge("LA", (img, Image.fromarray(pixels[:, :, 1].copy(), "L")))
+        elif mode == "P":
+            img = Image.fromarray(pixels[:, :, :3].copy(), "RGB").quantize(rng.choice((2, 16, 256)))
+            if rng.random() < 0.5:
+                img.info["transparency"] = 0
+        elif mode == "1":
+            img = img.convert("1")
     buf = io.BytesIO()
-    if ext in ("jpg", "jpeg"):
-        img.save(buf, "JPEG", quality=rng.choice((50, 90, 100)), subsampling=rng.choice((0, 1, 2)))
-    elif ext == "webp":
+    if kind == "jpg":
+        options: dict[str, Any] = {"quality": rng.choice((50, 90, 100)), "progressive": rng.random() < 0.3}
+        if mode != "CMYK":
+            options["subsampling"] = rng.choice((0, 1, 2))
+        if rng.random() < 0.25:
+            exif = Image.Exif()
+            exif[0x0112] = rng.randint(1, 8)  # Orientation: the reader turns the image
+            options["exif"] = exif.tobytes()
+        img.save(buf, "JPEG", **options)
+    elif kind == "webp":
         img.save(buf, "WEBP", lossless=rng.random() < 0.5, quality=80)
     else:
         img.save(buf, "PNG", compress_level=rng.choice((0, 1, 6)))
@@ -206,7 +240,8 @@ def _value(rng: random.Random, nrng: np.random.Generator, ext: str, size: int | 
         arr = _npy(rng, nrng, None if small else n)
         return arr if rng.random() < 0.7 else _npy_bytes(arr)
     if ext in ("cls", "idx"):
-        return rng.choice((0, 1, -3, 7, 999, 2**70, rng.randint(0, 10**6)))
+        value = rng.choice((0, 1, -3, 7, 999, 2**70, rng.randint(0, 10**6)))
+        return rng.choice((b"%d\n", b" %d ", b"%d")) % value if rng.random() < 0.2 else value
     if ext == "json":
         doc = _json(rng)
         return b"null" if doc is None else doc  # the writer refuses None values
@@ -335,16 +370,20 @@ def _add(tar: tarfile.TarFile, rng: random.Random, name: str, data: bytes) -> No
 
 def _compress(folder: Path, spec: Spec) -> None:
     """Compress each tar after writing, as shards made elsewhere are; index them unless bare."""
+    import zstandard
+
+    rng = random.Random(spec.seed + 2)
     suffix = ".gz" if spec.compression == "gzip" else ".zst"
     shards = []
     for tar in sorted(folder.glob("*.tar")):
         data = tar.read_bytes()
+        # one gzip member or zstd frame, or several (cut anywhere, as concatenated streams are)
+        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.choice((0, 0, 1, 3)))))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
         if spec.compression == "gzip":
-            packed = gzip.compress(data, compresslevel=1, mtime=0)
+            packed = b"".join(gzip.compress(p, compresslevel=1, mtime=0) for p in pieces)
         else:
-            import zstandard
-
-            packed = zstandard.ZstdCompressor(level=1).compress(data)
+            packed = b"".join(zstandard.ZstdCompressor(level=1).compress(p) for p in pieces)
         out = tar.with_name(tar.name + suffix)
         out.write_bytes(packed)
         tar.unlink()

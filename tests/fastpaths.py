@@ -1,38 +1,38 @@
 """Turning shardflow's fast read paths off, for tests that run every read both ways.
 
 STYLE.md asks for one switch that turns every fast variant off. Until the library has
-it, :func:`fast_paths` turns them off here, each by the one call that chooses it
-(so the general path it falls back to runs instead):
+it, :func:`fast_paths` turns them off here, each by the one call that chooses it (so
+the general path it falls back to runs instead):
 
-- the bulk tar header walk and its grouped runs (``format.tar``: ``_plain_members``,
-  ``indexed_heads``, which ``member_runs`` calls; the general member-by-member loop
-  reads instead),
-- the block path of ``stages.read_planned`` (``_blocks``: every position goes through
-  the general step),
-- the JPEG decode without ``Image.open`` (``codecs.image._load_jpeg``),
-- the cached ``.npy`` header parse (the ``npy`` codec: ``numpy.load`` instead).
+- ``bulk``: the bulk tar header walk and its grouped runs (``_plain_members`` and
+  ``indexed_heads`` as ``format.tar.member_runs`` calls them; the general
+  member-by-member loop reads instead),
+- ``blocks``: the block step of ``stages.read_planned`` (``_blocks``: every position
+  goes through the general step),
+- ``jpeg``: the JPEG decode without ``Image.open`` (``codecs.image._load_jpeg``),
+- ``npy``: the cached ``.npy`` header parse (the ``npy`` codec: ``numpy.load`` instead).
 
-The patches are module attributes: DataLoader workers forked inside the ``with`` see
-them too. Replace the body by the library's switch once it lands (engineer
-``refactor``, issue 21), keeping this one entry point.
+A name that is not found fails loudly (``LookupError``), so a refactor that moves a fast
+path cannot turn "off" into "on" silently. The patches are module attributes: DataLoader
+workers forked inside the ``with`` see them too. Use the library's switch here once it
+lands (engineer ``refactor``, issue 21), keeping this one entry point.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any, Union
 
 import numpy as np
 import pytest
 
-from shardflow import codecs, stages
-from shardflow.codecs import image
-from shardflow.format import tar
+__all__ = ["FAST_PATHS", "fast_paths", "FastSetting"]
 
-__all__ = ["fast_paths", "FAST_PATHS"]
-
-FAST_PATHS = ("tar bulk walk", "read_planned blocks", "jpeg without Image.open", "npy header cache")
+FastSetting = Union[bool, str]
+"""``True``: every fast path on (as shipped); ``False``: all off; a name of :data:`FAST_PATHS`: that one off."""
 
 
 def _no_bulk(buf: bytes, pos: int, *args: object, **kwargs: object) -> tuple[list, int]:
@@ -47,20 +47,43 @@ def _no_blocks(run: np.ndarray, sample: np.ndarray, wanted: np.ndarray) -> np.nd
     return np.zeros(len(run), dtype=np.int64)
 
 
+def _no_jpeg(*args: object, **kwargs: object) -> None:
+    return None
+
+
 def _npy_load(data: bytes, options: object) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+# name -> [(module, attribute, replacement)]; every entry must exist
+_PATCHES: dict[str, list[tuple[str, str, Callable[..., Any]]]] = {
+    "bulk": [("shardflow.format.tar", "_plain_members", _no_bulk), ("shardflow.format.tar", "indexed_heads", _no_heads)],
+    "blocks": [("shardflow.stages", "_blocks", _no_blocks)],
+    "jpeg": [("shardflow.codecs.image", "_load_jpeg", _no_jpeg)],
+}
+FAST_PATHS = (*_PATCHES, "npy")
+
+
+def _off(mp: pytest.MonkeyPatch, names: Iterable[str]) -> None:
+    for name in names:
+        if name == "npy":
+            from shardflow import codecs
+
+            mp.setitem(codecs._DECODERS, "npy", _npy_load)
+            continue
+        for module, attr, replacement in _PATCHES[name]:
+            mod = importlib.import_module(module)
+            if not hasattr(mod, attr):
+                raise LookupError(f"fast path {name!r}: {module}.{attr} is gone; update tests/fastpaths.py")
+            mp.setattr(mod, attr, replacement)
+
+
 @contextmanager
-def fast_paths(on: bool) -> Iterator[None]:
-    """Within the block, shardflow's fast read paths are on (as shipped) or all off."""
-    if on:
+def fast_paths(setting: FastSetting) -> Iterator[None]:
+    """Within the block, shardflow's fast read paths as ``setting`` says (see :data:`FastSetting`)."""
+    if setting is True:
         yield
         return
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tar, "_plain_members", _no_bulk)
-        mp.setattr(tar, "indexed_heads", _no_heads)
-        mp.setattr(stages, "_blocks", _no_blocks)
-        mp.setattr(image, "_load_jpeg", lambda *a, **k: None)
-        mp.setitem(codecs._DECODERS, "npy", _npy_load)
+        _off(mp, FAST_PATHS if setting is False else (setting,))
         yield

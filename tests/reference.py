@@ -177,7 +177,7 @@ def decode(field: str, data: bytes, image: str | None = "numpy") -> Any:
         if image == "torch":
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+            return torch.from_numpy(array.transpose(2, 0, 1).copy())
         return array
     if ext in INTEGERS:
         return int(data.decode("ascii").strip())

@@ -37,7 +37,7 @@ from shardflow.errors import SampleError, ShardflowError
 from shardflow.loading import loader as make_loader
 from shardflow.storage import IOOptions
 from tests.diff_datasets import BOUNDARIES, COMPRESSIONS, LAYOUTS, MIB, WRITERS, Spec, spec_from_json, write_dataset, writer_compresses
-from tests.fastpaths import fast_paths
+from tests.fastpaths import FAST_PATHS, FastSetting, fast_paths
 from tests.helpers import assert_resumes
 from tests.reference import RefSample, expected, has_offset_index, normalize_sample, read_dataset, shard_files
 from tests.servers import FileHTTPServer
@@ -105,6 +105,9 @@ ACROSS_SMALL = Spec(seed=8, samples=3, max_count=2, layout="indexed", big=(MIB -
 ACROSS_NPY = Spec(seed=10, samples=2, max_count=1, layout="no_index", big=(MIB - 1, MIB, 4 * MIB + 1), big_kind="npy")
 ACROSS_BARE = Spec(seed=9, samples=3, max_count=2, layout="bare", compression="gzip", big=(MIB, 4 * MIB))
 ACROSS_FOREIGN = Spec(seed=11, samples=5, max_count=3, layout="indexed", big=(MIB, 4 * MIB - 1), writer="tarfile-pax")
+
+FAST = st.sampled_from((True, False, True, False, *FAST_PATHS))
+"""Fast paths all on, all off, or one of them off (tests/fastpaths.py)."""
 
 _counter = itertools.count()
 
@@ -230,13 +233,13 @@ def _decode_option(decode: str | None) -> Any:
 
 @budget(20)
 @given(spec=specs(), decode=st.sampled_from(DECODES), block=st.sampled_from((4 << 20, 4 << 20, 65536, 1000)),
-       fast=st.booleans())
+       fast=FAST)
 @example(spec=ACROSS, decode="numpy", block=4 << 20, fast=True)
 @example(spec=ACROSS, decode="numpy", block=4 << 20, fast=False)
 @example(spec=ACROSS_BARE, decode=None, block=65536, fast=True)
 @example(spec=ACROSS_NPY, decode="numpy", block=4 << 20, fast=True)
 @example(spec=ACROSS_FOREIGN, decode="numpy", block=65536, fast=True)
-def test_stream_in_order(spec: Spec, decode: str | None, block: int, fast: bool, workdir: Path) -> None:
+def test_stream_in_order(spec: Spec, decode: str | None, block: int, fast: FastSetting, workdir: Path) -> None:
     """``ShardDataset(shuffle=False)`` yields the reference's samples in stored order, and ``len()`` its count."""
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
         ds = ShardDataset(folder, decode=_decode_option(decode), io=IOOptions(block_size=block))
@@ -248,8 +251,8 @@ def test_stream_in_order(spec: Spec, decode: str | None, block: int, fast: bool,
 
 
 @budget(15)
-@given(spec=specs(big=False), seed=st.integers(0, 2**31), buffer=st.sampled_from((True, 1, 3, 100)), fast=st.booleans())
-def test_stream_shuffled(spec: Spec, seed: int, buffer: Any, fast: bool, workdir: Path) -> None:
+@given(spec=specs(big=False), seed=st.integers(0, 2**31), buffer=st.sampled_from((True, 1, 3, 100)), fast=FAST)
+def test_stream_shuffled(spec: Spec, seed: int, buffer: Any, fast: FastSetting, workdir: Path) -> None:
     """Shuffled: the reference's samples, each once; the same order again from a fresh dataset with the same seed."""
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
         first = got(ShardDataset(folder, shuffle=buffer, seed=seed, decode=None))
@@ -259,9 +262,9 @@ def test_stream_shuffled(spec: Spec, seed: int, buffer: Any, fast: bool, workdir
 
 
 @budget(20)
-@given(spec=specs(), decode=st.sampled_from(("numpy", None)), fast=st.booleans(), order=st.randoms(use_true_random=False))
+@given(spec=specs(), decode=st.sampled_from(("numpy", None)), fast=FAST, order=st.randoms(use_true_random=False))
 @example(spec=ACROSS_SMALL, decode="numpy", fast=True, order=random.Random(0))
-def test_indexed_by_index(spec: Spec, decode: str | None, fast: bool, order: Any, workdir: Path) -> None:
+def test_indexed_by_index(spec: Spec, decode: str | None, fast: FastSetting, order: Any, workdir: Path) -> None:
     """``IndexedShardDataset[i]`` is the reference's sample ``i`` in any order (negative ``i`` from the end);
     a dataset it cannot serve (no manifest, no offset index, compressed) is refused with an error saying why."""
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
@@ -326,21 +329,35 @@ def remote_source(base: str, folder: Path, spec: Spec) -> str | list[str]:
 
 @pytest.mark.parametrize("where", ["memory", "http", "s3"])
 @budget(6)
-@given(spec=specs(most=8), fast=st.booleans())
-@example(spec=ACROSS_SMALL, fast=True)
-def test_remote(where: str, spec: Spec, fast: bool, workdir: Path, request: pytest.FixtureRequest) -> None:
-    """From ``memory://``, HTTP and S3: the reference's samples in order, by index when indexed, and shuffled."""
+@given(spec=specs(most=8), fast=FAST, cache=st.booleans(), at=st.floats(0, 1))
+@example(spec=ACROSS_SMALL, fast=True, cache=False, at=0.5)
+def test_remote(where: str, spec: Spec, fast: FastSetting, cache: bool, at: float, workdir: Path,
+                request: pytest.FixtureRequest) -> None:
+    """From ``memory://``, HTTP and S3 (through the local shard cache or not): the reference's samples in
+    order (twice: a cache's misses, then its hits), shuffled, resumed at a random batch (seeking into the
+    remote shards with the offset index), and by index when indexed."""
     with dataset(spec, workdir) as (folder, samples, counts), uploaded(where, folder, request) as (base, options), \
             fast_paths(fast):
         source = remote_source(base, folder, spec)
-        ds = ShardDataset(source, storage_options=options)
-        assert_same(got(ds), want(samples), f"{where}: in order")
-        shuffled = got(ShardDataset(source, shuffle=3, seed=spec.seed, decode=None, storage_options=options))
+        io = IOOptions(storage_options=options, cache_dir=str(workdir / f"cache-{next(_counter)}") if cache else None)
+        for attempt in ("first", "second"):
+            assert_same(got(ShardDataset(source, io=io)), want(samples), f"{where}: in order, {attempt} read, cache={cache}")
+        shuffled = got(ShardDataset(source, shuffle=3, seed=spec.seed, decode=None, io=io))
         assert_same_multiset(shuffled, want(samples, None), f"{where}: shuffled")
+        if sized(spec):
+            def make() -> Any:
+                ds = ShardDataset(source, shuffle=3, seed=spec.seed, decode=None, io=io)
+                return make_loader(ds, batch_size=2, collate_fn=as_list)
+
+            k = min(math.ceil(len(samples) / 2), int(at * (math.ceil(len(samples) / 2) + 1)))
+            record, _ = assert_resumes(make, lambda ldr: (flat([b]) for b in ldr), k, check_next_epoch=False)
+            assert_same_multiset([s for b in record for s in _untuple(b)], want_native(samples, None), f"{where}: resumed")
         if has_offset_index(folder):
-            indexed = IndexedShardDataset(source, storage_options=options)
+            indexed = IndexedShardDataset(source, io=IOOptions(storage_options=options))
             assert len(indexed) == sum(counts)
             assert_same(got(indexed[i] for i in reversed(range(len(indexed)))), want(samples)[::-1], f"{where}: by index")
+        if cache:
+            shutil.rmtree(io.cache_dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the loader
@@ -377,9 +394,9 @@ def _loader(folder: Path, *, shuffle: Any, seed: int, batch_size: int, workers: 
 @pytest.mark.parametrize("workers", [0, 2])
 @budget(5, shrink=False)
 @given(spec=specs(most=16), shuffle=st.sampled_from((False, 4, True)), batch_size=st.integers(1, 5),
-       fast=st.booleans())
+       fast=FAST)
 @example(spec=ACROSS_SMALL, shuffle=False, batch_size=2, fast=True)
-def test_loader(workers: int, spec: Spec, shuffle: Any, batch_size: int, fast: bool, workdir: Path) -> None:
+def test_loader(workers: int, spec: Spec, shuffle: Any, batch_size: int, fast: FastSetting, workdir: Path) -> None:
     """``shardflow.loader`` with 0 and 2 workers: the reference's samples (in order unless shuffled), in the
     order of the dataset iterated alone, in batches of ``batch_size``."""
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
@@ -403,8 +420,8 @@ def test_loader(workers: int, spec: Spec, shuffle: Any, batch_size: int, fast: b
 @pytest.mark.parametrize("workers", [0, 2])
 @budget(5, shrink=False)
 @given(spec=specs(big=False, most=16), shuffle=st.sampled_from((False, 4, True)), batch_size=st.integers(1, 4),
-       at=st.floats(0, 1), fast=st.booleans())
-def test_resume(workers: int, spec: Spec, shuffle: Any, batch_size: int, at: float, fast: bool, workdir: Path) -> None:
+       at=st.floats(0, 1), fast=FAST)
+def test_resume(workers: int, spec: Spec, shuffle: Any, batch_size: int, at: float, fast: FastSetting, workdir: Path) -> None:
     """``state_dict()`` after a random number of batches, a fresh dataset and loader, ``load_state_dict``, the rest:
     the concatenation is the uninterrupted run, which is the reference's samples."""
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
