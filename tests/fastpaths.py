@@ -4,11 +4,11 @@ STYLE.md asks for one switch that turns every fast variant off. Until the librar
 it, :func:`fast_paths` turns them off here, each by the one call that chooses it (so
 the general path it falls back to runs instead):
 
-- ``bulk``: the bulk tar header walk and its grouped runs (``_plain_members`` and
-  ``indexed_heads`` as ``format.tar.member_runs`` calls them; the general
-  member-by-member loop reads instead),
-- ``blocks``: the block step of ``stages.read_planned`` (``_blocks``: every position
-  goes through the general step),
+- ``bulk``: the bulk tar header walk and its grouped runs (``format.spans.bulk_members``,
+  which ``format.members.member_runs`` calls; the general member-by-member loop reads
+  instead),
+- ``blocks``: the block step of the planned reader (``reader.runs.blocks``: every
+  position goes through the general step),
 - ``jpeg``: the JPEG decode without ``Image.open`` (``codecs.image._load_jpeg``),
 - ``npy``: the cached ``.npy`` header parse (the ``npy`` codec: ``numpy.load`` instead).
 
@@ -39,10 +39,6 @@ def _no_bulk(buf: bytes, pos: int, *args: object, **kwargs: object) -> tuple[lis
     return [], pos
 
 
-def _no_heads(*args: object, **kwargs: object) -> tuple[list, list]:
-    return [], []
-
-
 def _no_blocks(run: np.ndarray, sample: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.zeros(len(run), dtype=np.int64)
 
@@ -57,8 +53,8 @@ def _npy_load(data: bytes, options: object) -> np.ndarray:
 
 # name -> [(module, attribute, replacement)]; every entry must exist
 _PATCHES: dict[str, list[tuple[str, str, Callable[..., Any]]]] = {
-    "bulk": [("shardflow.format.tar", "_plain_members", _no_bulk), ("shardflow.format.tar", "indexed_heads", _no_heads)],
-    "blocks": [("shardflow.stages", "_blocks", _no_blocks)],
+    "bulk": [("shardflow.format.spans", "bulk_members", _no_bulk)],
+    "blocks": [("shardflow.reader.runs", "blocks", _no_blocks)],
     "jpeg": [("shardflow.codecs.image", "_load_jpeg", _no_jpeg)],
 }
 FAST_PATHS = (*_PATCHES, "npy")
