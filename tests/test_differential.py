@@ -306,6 +306,38 @@ def test_indexed_by_index(spec: Spec, decode: str | None, fast: FastSetting, ord
             assert_same(got([ds[j]]), [wanted[i]], f"IndexedShardDataset[{j}]")
 
 
+@budget(15)
+@given(spec=specs(big=False), world=st.integers(2, 3), partial=st.sampled_from(("pad", "drop")),
+       shuffle=st.sampled_from((False, 3)), fast=FAST)
+def test_ranks(spec: Spec, world: int, partial: str, shuffle: Any, fast: FastSetting, workdir: Path) -> None:
+    """Split over ``world`` ranks: with a manifest every rank gets the same count and together they read
+    the reference's samples once each, plus the padding (copies of real samples) or minus the dropped
+    remainder; without one, whole shards per rank and every sample once."""
+    with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
+        n = len(samples)
+        if (sized(spec) and partial == "drop" and n < world) or (not sized(spec) and len(counts) < world):
+            with pytest.raises(ShardflowError, match="no data|no shard"):  # a rank would get nothing
+                list(ShardDataset(folder, rank=world - 1, world_size=world, partial=partial, decode=None))
+            return
+        per_rank = [got(ShardDataset(folder, rank=r, world_size=world, partial=partial, shuffle=shuffle,
+                                     seed=spec.seed, decode=None)) for r in range(world)]
+        everything = [s for part in per_rank for s in part]
+        reference = want(samples, None)
+        if not sized(spec):
+            assert_same_multiset(everything, reference, f"{world} ranks, no manifest")
+            return
+        sizes = {len(part) for part in per_rank}
+        want_size = math.ceil(n / world) if partial == "pad" else n // world
+        assert sizes == {want_size}, f"{world} ranks, partial={partial}: counts {sorted(len(p) for p in per_rank)}"
+        distinct = set(everything)
+        assert distinct <= set(reference), f"{world} ranks: a sample the reference does not have"
+        if partial == "pad":
+            assert distinct == set(reference), f"{world} ranks, pad: samples missing"
+            assert len(everything) - len(distinct) == world * want_size - n
+        else:
+            assert len(distinct) == len(everything) == world * want_size, f"{world} ranks, drop: a sample twice"
+
+
 # --------------------------------------------------------------------------- remote stores
 
 
