@@ -316,7 +316,7 @@ def test_ranks(spec: Spec, world: int, partial: str, shuffle: Any, fast: FastSet
     with dataset(spec, workdir) as (folder, samples, counts), fast_paths(fast):
         n = len(samples)
         if (sized(spec) and partial == "drop" and n < world) or (not sized(spec) and len(counts) < world):
-            with pytest.raises(ShardflowError, match="no data|no shard"):  # a rank would get nothing
+            with pytest.raises(ShardflowError, match="no data|no shard|would get 0"):  # a rank would get nothing
                 list(ShardDataset(folder, rank=world - 1, world_size=world, partial=partial, decode=None))
             return
         per_rank = [got(ShardDataset(folder, rank=r, world_size=world, partial=partial, shuffle=shuffle,
