@@ -12,10 +12,13 @@ the general path it falls back to runs instead):
 - ``jpeg``: the JPEG decode without ``Image.open`` (``codecs.image._load_jpeg``),
 - ``npy``: the cached ``.npy`` header parse (the ``npy`` codec: ``numpy.load`` instead).
 
-A name that is not found fails loudly (``LookupError``), so a refactor that moves a fast
-path cannot turn "off" into "on" silently. The patches are module attributes: DataLoader
-workers forked inside the ``with`` see them too. Use the library's switch here once it
-lands (engineer ``refactor``, issue 21), keeping this one entry point.
+All of them off also flips the library's own switch, ``shardflow.fastpath`` (once it is
+there: ``SHARDFLOW_FAST_PATHS=0``, which also covers graph records and the worker slot
+pool); the patches stay, so that each fast path can be turned off alone and the JPEG and
+``.npy`` ones, which that switch does not cover, are off too. A name that is not found
+fails loudly (``LookupError``), so a refactor that moves a fast path cannot turn "off"
+into "on" silently. The patches are module attributes: DataLoader workers forked inside
+the ``with`` see them too.
 """
 
 from __future__ import annotations
@@ -82,4 +85,22 @@ def fast_paths(setting: FastSetting) -> Iterator[None]:
         return
     with pytest.MonkeyPatch.context() as mp:
         _off(mp, FAST_PATHS if setting is False else (setting,))
+        switch = _switch()
+        if setting is False and switch is not None:  # the library's own switch, where it has one
+            before = switch.enabled()
+            mp.setenv(switch.ENV, "0")
+            switch.set_enabled(False)
+            try:
+                yield
+            finally:
+                switch.set_enabled(before)
+            return
         yield
+
+
+def _switch() -> Any:
+    """``shardflow.fastpath`` (engineer ``refactor``'s one switch), or None before it lands."""
+    try:
+        return importlib.import_module("shardflow.fastpath")
+    except ImportError:
+        return None
