@@ -327,8 +327,8 @@ def write_dataset(spec: Spec, folder: Path) -> list[dict[str, Any]]:
         with ShardWriter(pattern, max_count=spec.max_count, manifest=manifest, index=spec.layout == "indexed", **kw) as w:
             for sample in samples:
                 w.write(sample)
-    if spec.compression in ("gzip", "zstd"):
-        _compress(folder, spec)
+    if spec.compression in ("gzip", "zstd") or (spec.compression == "zstd-writer" and spec.writer != "shardflow"):
+        _compress(folder, spec)  # (tarfile's shards: "zstd-writer" is zstd after writing)
     return samples
 
 
@@ -373,7 +373,7 @@ def _compress(folder: Path, spec: Spec) -> None:
     import zstandard
 
     rng = random.Random(spec.seed + 2)
-    suffix = ".gz" if spec.compression == "gzip" else ".zst"
+    suffix = ".gz" if spec.compression == "gzip" else ".zst"  # zstd, or zstd-writer for tarfile's shards
     shards = []
     for tar in sorted(folder.glob("*.tar")):
         data = tar.read_bytes()
