@@ -8,13 +8,14 @@ workers batch and collate) into the worker's pipeline.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import reader
+from .. import reader, storage
 from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, tag_sources, take
 from ..collation import takes_graph_records
 from ..errors import SampleError, ShardflowError
@@ -79,6 +80,11 @@ class Iteration:
         seeder = self._seeder(world, epoch)
         prepare = self._preparer(epoch, policy, seeder) if self.expand is not None else None
         tagged = False  # __source__ set by the reader
+        io = self.io
+        if self.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
+            job = os.getppid() if torch.utils.data.get_worker_info() is not None else os.getpid()
+            io = storage.staging_for(io, self.source.urls, (job, world.rank, world.world_size, epoch),
+                                     world.worker, world.num_workers)
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes, order = plan.batch_positions(ids)
@@ -89,17 +95,17 @@ class Iteration:
             if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
                 tagged = prepare is None  # __source__ set as each sample is made
                 items: Iterator[Any] = reader.read_planned(
-                    plan, needed, self.source, self.io, policy, self._offsets, k, prepare,
+                    plan, needed, self.source, io, policy, self._offsets, k, prepare,
                     sources=self.source.source_of.tolist() if tagged else None, positioned=False,
                 )
             else:
                 raw = reader.read_planned_in_phases(
-                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, prepare
+                    plan, needed, order, sizes[0] if sizes else 0, self.source, io, policy, self._offsets, k, prepare
                 )
                 items = reader.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
-            items = reader.read_shards(shards, self.source, self.io, policy)
+            items = reader.read_shards(shards, self.source, io, policy)
             if prepare is not None:
                 items = reader.expand_each(items, prepare, k)
             items = shuffle_buffer(
@@ -108,6 +114,7 @@ class Iteration:
             sizes = []
             if skip:
                 items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
+        items = storage.staged_epoch(items, io)
         if prepare is None and self.fields is not None:
             items = reader.select_fields(items, self.fields, policy)
         if prepare is None and not tagged:
