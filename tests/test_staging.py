@@ -189,3 +189,37 @@ def test_staging_is_off_where_nothing_is_shared():
     assert staging.staging_for(IOOptions(cache_dir="/tmp/c"), REMOTE, ("k",), 0, 4).staging_scope is None
     with pytest.raises(TypeError):
         IOOptions(staging="yes")
+
+
+def test_no_staging_where_the_folder_cannot_be_made(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_bytes(b"")  # a file: no folder can be made under it
+    io = IOOptions(staging_dir=str(blocked))
+    assert staging.staging_for(io, REMOTE, ("k",), 0, 2) is io
+    assert "no staging area" in caplog.text
+
+
+def test_over_the_limit_the_most_read_unheld_blocks_go_first(tmp_path, small_blocks):
+    root = str(tmp_path / "area")
+    os.makedirs(root)
+    block = staged_blocks.BLOCK
+    io = IOOptions(staging_limit=4 * block, staging_scope=StagingScope(root, 0, 2))
+    obj = staged_blocks.StagedObject(io.staging_scope, "http://h/x.tar", io)
+    obj.record_meta(5 * block, {"size": str(5 * block), "ETag": '"e"'})
+    for j in range(4):
+        with open(obj.block_path(j), "wb") as f:
+            f.write(b"\0" * block)
+    with open(obj.block_path(4), "wb") as f:
+        f.write(b"\0" * (block // 2))  # being written: never removed
+    obj.passed(1)  # read by one of the 2 workers: the first to go
+    held = os.open(obj.block_path(2), os.O_RDONLY)  # a reader's shared lock: kept
+    import fcntl
+
+    fcntl.flock(held, fcntl.LOCK_SH)
+    try:
+        obj.make_room()  # 4.5 blocks + the next one > 4 blocks: 2 must go
+    finally:
+        os.close(held)
+    present = sorted(int(n.split(".")[-1]) for n in os.listdir(root) if n.split(".")[-1].isdigit())
+    assert present == [2, 3, 4] or present == [0, 2, 4]
+    assert 1 not in present and 2 in present and 4 in present

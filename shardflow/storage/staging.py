@@ -88,6 +88,12 @@ def staging_for(options: IOOptions, urls: Sequence[str], key: Sequence[Any], wor
     base = options.staging_dir if options.staging_dir is not None else tempfile.gettempdir()
     digest = hashlib.sha256(repr((tuple(urls), num_workers, *key)).encode()).hexdigest()[:24]
     scope = StagingScope(os.path.join(base, PREFIX + digest), int(worker), int(num_workers))
+    try:
+        os.makedirs(scope.root, exist_ok=True)
+    except OSError as exc:
+        logger.warning("no staging area in %s (%s): each DataLoader worker streams the shards it reads itself",
+                       base, exc)
+        return options
     return replace(options, staging_scope=scope)
 
 
