@@ -21,7 +21,8 @@ they pin other torch versions than the dev venv, see docs/remote.md).
 
 usage: python tools/bench_wan.py [--images 20000] [--latency 0.025] [--rate 20e6]
                                  [--workers 4] [--repeat 2] [--only shardflow,litdata,mosaic]
-                                 [--shardflow-workers 1,8] [--peers-python PATH] [--work DIR]
+                                 [--shardflow-workers 1,8] [--unstaged] [--peers-python PATH]
+                                 [--work DIR]
 """
 
 from __future__ import annotations
@@ -188,11 +189,13 @@ def read_epoch(lib: str, name: str, n: int, workers: int, endpoint: str) -> dict
     url = f"s3://{BUCKET}/{name}"
     try:
         t0 = time.perf_counter()
-        if lib == "shardflow":
+        if lib.startswith("shardflow"):
             import shardflow
+            from shardflow.storage import IOOptions
 
+            io = IOOptions(storage_options=storage_options(endpoint), staging=lib != "shardflow-unstaged")
             ds = shardflow.ShardDataset(url, shuffle=True, decode=shardflow.DecodeOptions(image="torch"),
-                                        fields=("jpg", "cls"), storage_options=storage_options(endpoint))
+                                        fields=("jpg", "cls"), io=io)
             ld = shardflow.loader(ds, batch_size=BATCH, num_workers=workers)
         elif lib == "litdata":
             import litdata
@@ -248,7 +251,7 @@ def upload(folder: str, name: str, port: int) -> None:
 
 
 def python_for(lib: str, args: argparse.Namespace) -> str:
-    return sys.executable if lib == "shardflow" else args.peers_python
+    return sys.executable if lib.startswith("shardflow") else args.peers_python
 
 
 def convert(lib: str, tree: str, out: str, n: int, args: argparse.Namespace) -> None:
@@ -284,6 +287,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--only", default="shardflow,litdata,mosaic")
     ap.add_argument("--shardflow-workers", default="1,8", help="extra worker counts for shardflow (bytes, requests)")
+    ap.add_argument("--unstaged", action="store_true", help="also shardflow with IOOptions(staging=False)")
     ap.add_argument("--peers-python", default="/work/venv-peers/bin/python")
     ap.add_argument("--work", default="/tmp/shardflow-bench-wan")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -314,12 +318,15 @@ def main() -> int:
         proxy = WanProxy(("127.0.0.1", port), args.latency, args.rate)
         runs = [(lib, args.workers) for lib in libs]
         if "shardflow" in libs:
-            runs += [("shardflow", int(w)) for w in args.shardflow_workers.split(",") if w and int(w) != args.workers]
+            counts = [int(w) for w in args.shardflow_workers.split(",") if w]
+            runs += [("shardflow", w) for w in counts if w != args.workers]
+            if args.unstaged:  # each worker streams what it reads itself (IOOptions(staging=False))
+                runs += [("shardflow-unstaged", w) for w in sorted({args.workers, *counts})]
         results: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in range(args.repeat):
             for lib, workers in runs:
                 print(f"run {r + 1}: {lib}, {workers} workers", file=sys.stderr)
-                res = run_read(lib, f"{lib}-{n}", n, workers, proxy, args)
+                res = run_read(lib, f"{lib.split('-')[0]}-{n}", n, workers, proxy, args)
                 if res:
                     results.setdefault((lib, workers), []).append(res)
         report(results, {lib: folder_bytes(data[lib]) for lib in libs}, image_bytes, n, args)
@@ -344,8 +351,9 @@ def report(results: dict[tuple[str, int], list[dict[str, Any]]], stored: dict[st
         down = med(runs, "bytes")
         gets = statistics.median(run["requests"].get("GET", 0) for run in runs)
         reqs = statistics.median(sum(run["requests"].values()) for run in runs)
-        print(f"| {lib}, {workers} | {down / stored[lib]:.2f}x | {down / image_bytes:.2f}x | "
-              f"{stored[lib] / image_bytes:.2f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
+        kept = stored[lib.split("-")[0]]
+        print(f"| {lib}, {workers} | {down / kept:.2f}x | {down / image_bytes:.2f}x | "
+              f"{kept / image_bytes:.2f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
               f"{med(runs, 'first_batch'):.2f} |")
     base = results.get(("shardflow", args.workers))
     if base:
