@@ -16,8 +16,12 @@ shardflow streams, sharing each fetch among a rank's workers through its staging
 Repetitions alternate the libraries (A B C A B C) so that machine noise hits all alike.
 shardflow also runs with each of ``--shardflow-workers`` (bytes and requests per epoch).
 
-Peers run in ``--peers-python`` (a venv with ``litdata`` and ``mosaicml-streaming``;
-they pin other torch versions than the dev venv, see docs/remote.md).
+Peers run in ``--peers-python``: a venv with ``litdata`` and ``mosaicml-streaming``, which
+left to themselves pull another torch than the dev venv's. One way that keeps the dev torch:
+``python -m venv /work/venv-peers``, a ``.pth`` file in its site-packages naming the dev venv's
+site-packages, then ``/work/venv-peers/bin/pip install -c <(echo torch==2.13.0) litdata
+mosaicml-streaming``. LitData's obstore downloader is told to allow ``http://`` (the loopback
+bucket has no TLS).
 
 usage: python tools/bench_wan.py [--images 20000] [--latency 0.025] [--rate 20e6]
                                  [--workers 4] [--repeat 2] [--only shardflow,litdata,mosaic]
