@@ -225,3 +225,21 @@ def test_over_the_limit_the_most_read_unheld_blocks_go_first(tmp_path, small_blo
     present = sorted(int(n.split(".")[-1]) for n in os.listdir(root) if n.split(".")[-1].isdigit())
     assert present == [2, 3, 4] or present == [0, 2, 4]
     assert 1 not in present and 2 in present and 4 in present
+
+
+def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_server, tmp_path, small_blocks):
+    """A rank's part of a shard starts where it starts, not at a block bound; a reader
+    that needs the bytes before it in that block fetches those alone."""
+    srv = http_server
+    data = np.random.default_rng(2).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
+    url = srv.put("obj.bin", data)
+    root = str(tmp_path / "area")
+    os.makedirs(root)
+    later = staged.staged_chunks(url, 200_000, 450_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
+    assert b"".join(later) == data[200_000:450_000]
+    assert srv.stats.body_bytes == 250_000  # its part only
+    whole = staged.staged_chunks(url, 0, None, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
+    assert b"".join(whole) == data
+    assert srv.stats.body_bytes == len(data)  # each byte once: before, inside and after the staged part
+    # the part; the blocks before it; the bytes of its first block before it; the bytes after it
+    assert srv.stats.gets == 4

@@ -65,10 +65,11 @@ class Fetch(threading.Thread):
     by the reader that started it); its claims are released with the thread.
     """
 
-    def __init__(self, obj: StagedObject, first: int, claim_fd: int, end: int | None) -> None:
+    def __init__(self, obj: StagedObject, first: int, claim_fd: int, end: int | None, start: int = 0) -> None:
         super().__init__(name="shardflow-staging", daemon=True)
         self.obj = obj
         self.first = first
+        self.begin = start  # a fresh first block's file starts here (the reader's first byte)
         self.end = end
         self.claims = {first: claim_fd}
         self.error: BaseException | None = None
@@ -90,7 +91,11 @@ class Fetch(threading.Thread):
     def _stream(self) -> None:
         obj = self.obj
         j = self.first
-        off = j * obj.block + obj.written(j)
+        written = obj.written(j)
+        if not os.path.exists(obj.block_path(j)) and self.begin > j * obj.block:  # from the reader's first byte on
+            obj.set_first(j, self.begin - j * obj.block)
+        base = obj.first(j)  # bytes of block j before its file (0 for every later block)
+        off = j * obj.block + base + written
         full = obj.block_len(j)
         if full is not None and off >= j * obj.block + full:
             return  # completed meanwhile
@@ -98,7 +103,7 @@ class Fetch(threading.Thread):
         obj.make_room()
         out = os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666)
         self._claim_next(j)
-        chunks = retried_chunks(obj.url, off, self.end, options, expect=obj.identity if obj.known else None,
+        chunks = retried_chunks(obj.url, off, self._until(j), options, expect=obj.identity if obj.known else None,
                                 opened=obj.record_meta)
         try:
             for chunk in chunks:
@@ -107,7 +112,7 @@ class Fetch(threading.Thread):
                 view = memoryview(chunk)
                 while view:
                     n = min(len(view), (j + 1) * obj.block - off)
-                    os.pwrite(out, view[:n], off - j * obj.block)
+                    os.pwrite(out, view[:n], off - j * obj.block - base)
                     off += n
                     view = view[n:]
                     if off < (j + 1) * obj.block:
@@ -115,7 +120,7 @@ class Fetch(threading.Thread):
                     os.close(out)
                     out = -1
                     os.close(self.claims.pop(j))
-                    j += 1
+                    j, base = j + 1, 0
                     if j not in self.claims:
                         return  # another worker fetches the next block
                     obj.make_room()
@@ -125,6 +130,20 @@ class Fetch(threading.Thread):
             chunks.close()
             if out >= 0:
                 os.close(out)
+
+    def _until(self, j: int) -> int | None:
+        """Where this fetch's request ends: its end, or the start of the first later block
+        another worker has (the store would send bytes that no block of this fetch takes)."""
+        obj = self.obj
+        limit = self.end if self.end is not None else obj.size
+        k = j + 1
+        while limit is None or k * obj.block < limit:
+            if k not in self.claims and (os.path.exists(obj.block_path(k)) or os.path.exists(obj.block_path(k) + ".claim")):
+                return k * obj.block
+            if limit is None:  # size unknown before the first open: no other fetch recorded it yet
+                break
+            k += 1
+        return self.end
 
     def _claim_next(self, j: int) -> None:
         """Claim block ``j + 1`` before block ``j`` is complete, so that a reader that
@@ -162,8 +181,8 @@ def staged_chunks(url: str, start: int, end: int | None, options: IOOptions,
     reader = _Reader(StagedObject(scope, url, options), end)
     obj = reader.obj
     j = start // obj.block
-    if options.readahead and obj.written(j) <= start - j * obj.block:
-        reader.fetch(j)  # at once: a shard opened ahead streams while the one before is read
+    if options.readahead and not obj.written(j):
+        reader.fetch(j, start)  # at once: a shard opened ahead streams while the one before is read
     return _chunks(reader, start, check_size, sha256)
 
 
@@ -184,6 +203,7 @@ class _Reader:
         self.fetches: list[Fetch] = []
         self.fd = -1
         self.block = -1
+        self.base = 0  # where the open block's file starts within the block
         self.finished = False
         self.passed: list[int] = []  # blocks read past
 
@@ -213,6 +233,15 @@ class _Reader:
                     break
             j = pos // obj.block
             piece = self._piece(j, pos, stop)
+            if piece is None:  # before where the block's file starts: fetched by another worker from there on
+                below = min(j * obj.block + self.base, stop if stop is not None else j * obj.block + self.base)
+                options = replace(obj.options, staging_scope=None)
+                for piece in retried_chunks(obj.url, pos, below, options, expect=obj.identity):
+                    if hasher is not None:
+                        hasher.update(piece)
+                    yield piece
+                    pos += len(piece)
+                continue
             if piece:
                 if hasher is not None:
                     hasher.update(piece)
@@ -224,7 +253,7 @@ class _Reader:
                 quiet_since, delay = time.monotonic(), _POLL_FIRST
                 continue
             self._raise_failed(j)
-            if self.fetch(j):
+            if self.fetch(j, pos):
                 continue
             waited = time.monotonic() - quiet_since
             if waited > obj.options.part_deadline:
@@ -245,8 +274,9 @@ class _Reader:
                 "the object changed since it was indexed or while being read"
             )
 
-    def _piece(self, j: int, pos: int, stop: int | None) -> bytes:
-        """Bytes of block ``j`` from ``pos`` on that are written already (maybe none)."""
+    def _piece(self, j: int, pos: int, stop: int | None) -> bytes | None:
+        """Bytes of block ``j`` from ``pos`` on that are written already (maybe none);
+        None when ``pos`` lies before where the block's file starts."""
         if self.block != j:
             self._drop_block()
             path = self.obj.block_path(j)
@@ -258,8 +288,10 @@ class _Reader:
             if not same_file(fd, path):
                 os.close(fd)
                 return b""
-            self.fd, self.block = fd, j
-        off = pos - j * self.obj.block
+            self.fd, self.block, self.base = fd, j, self.obj.first(j)
+        off = pos - j * self.obj.block - self.base
+        if off < 0:
+            return None
         avail = os.fstat(self.fd).st_size - off
         if avail <= 0:
             return b""
@@ -278,20 +310,20 @@ class _Reader:
             if f.error is not None and f.covers(j) and not f.is_alive():
                 raise f.error
 
-    def fetch(self, j: int) -> bool:
-        """Claim block ``j`` and start fetching it; False when a live worker holds its claim."""
+    def fetch(self, j: int, pos: int) -> bool:
+        """Claim block ``j`` and start fetching it (a fresh block from ``pos`` on); False
+        when a live worker holds its claim."""
         obj = self.obj
         fd = obj.claim(j)
         if fd is None:
             return False
         full = obj.block_len(j)
-        if full is not None and obj.written(j) >= full:
+        if full is not None and obj.first(j) + obj.written(j) >= full:
             os.close(fd)  # completed meanwhile
             return True
-        end = self.end
-        if end is not None:  # whole blocks: the others' reads of this block are served too
-            end = -(-end // obj.block) * obj.block
-        fetch = Fetch(obj, j, fd, end)
+        # from this reader's byte to its end, not to block bounds: the bytes around a rank's part
+        # of a shard are other ranks' (a worker of this rank reading past it fetches the rest)
+        fetch = Fetch(obj, j, fd, self.end, pos)
         self.fetches = [f for f in self.fetches if f.is_alive() or f.error is not None]
         self.fetches.append(fetch)
         fetch.start()

@@ -104,6 +104,20 @@ class StagedObject:
             return None
         return fd
 
+    def first(self, j: int) -> int:
+        """Where block ``j``'s file starts within the block: 0, or where the fetch that
+        started it began (a rank's part of a shard starting inside the block)."""
+        try:
+            with open(f"{self.base}.{j}.first", encoding="ascii") as f:
+                return int(f.read() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def set_first(self, j: int, first: int) -> None:
+        """Record where block ``j``'s file starts (by its claim's holder, before writing it)."""
+        with open(f"{self.base}.{j}.first", "w", encoding="ascii") as f:
+            f.write(str(first))
+
     def written(self, j: int) -> int:
         try:
             return os.stat(self.block_path(j)).st_size
@@ -176,7 +190,7 @@ class StagedObject:
         if base != self.base:
             return nbytes == self.block  # another object's block: full-sized ones are surely complete
         full = self.block_len(j)
-        return full is not None and nbytes == full
+        return full is not None and self.first(j) + nbytes == full
 
 
 def _claim_held(path: str) -> bool:
@@ -194,6 +208,6 @@ def _claim_held(path: str) -> bool:
 
 
 def remove_block(base: str, j: int) -> None:
-    for suffix in ("", ".done", ".claim"):
+    for suffix in ("", ".done", ".claim", ".first"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{base}.{j}{suffix}")
