@@ -16,6 +16,7 @@ import pickle
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -170,23 +171,27 @@ def test_resources_come_back(shards, http_url, kind, workers):
         assert_back(base)
 
 
-def abandon_three_iterators(source) -> None:
-    ds = shardflow.ShardDataset(source, decode=None, io=IO)
+def abandon_three_iterators(source, io: IOOptions) -> None:
+    ds = shardflow.ShardDataset(source, decode=None, io=io)
     iters = [iter(ds) for _ in range(3)]
     for it in iters:
         next(it)
-    if "://" in source:  # remote streams run in read-ahead threads (local files need none)
+    if "://" in source and not io.staging:  # remote streams run in read-ahead threads (local files need none)
         assert sum(t.name == "shardflow-readahead" for t in threading.enumerate()) >= 3
 
 
-@pytest.mark.parametrize("kind", ["local", "http"])
-def test_abandoned_iterators_are_released_by_gc(shards, http_url, kind):
-    source = source_of(kind, shards, http_url)
-    abandon_three_iterators(source)  # warm-up: the connection pool grows to what this needs
+@pytest.mark.parametrize("kind", ["local", "http", "http-staged"])
+def test_abandoned_iterators_are_released_by_gc(shards, http_url, kind, tmp_path):
+    """Also through the staging area: its fetch threads end with their shard part, and
+    the area's locks and block files are released with the iterators."""
+    source = source_of(kind.split("-")[0], shards, http_url)
+    io = replace(IO, staging_dir=str(tmp_path)) if kind == "http-staged" else replace(IO, staging=False)
+    abandon_three_iterators(source, io)  # warm-up: the connection pool grows to what this needs
     settle(resources())
     base = resources()
-    abandon_three_iterators(source)
+    abandon_three_iterators(source, io)
     assert_back(base)
+    assert os.listdir(tmp_path) == []  # each abandoned pass (its own epoch) removed its area
 
 
 # --------------------------------------------------------------------------- pickling and spawn

@@ -8,12 +8,13 @@ workers batch and collate) into the worker's pipeline.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from .. import reader
+from .. import reader, storage
 from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..collation import takes_graph_records
 from ..errors import ShardflowError
@@ -84,6 +85,11 @@ class Iteration:
                                  seed_sample=seeder.sample)
         # one-to-many samples are prepared as read, before the shuffle buffer; others after it
         expanded = prepare.items if self.expand is not None else None
+        io = self.io
+        if self.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
+            job = os.getppid() if World.in_worker() else os.getpid()
+            io = storage.staging_for(io, self.source.urls, (job, world.rank, world.world_size, epoch),
+                                     world.worker, world.num_workers)
         if self.sized:
             plan = self.plan(epoch, world.rank)
             sizes, order = plan.batch_positions(ids)
@@ -93,16 +99,16 @@ class Iteration:
             # (nor a first batch to read first: see phases.first_phase)
             if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
                 items: Iterator[Any] = reader.read_planned(
-                    plan, needed, self.source, self.io, policy, self._offsets, k, expanded, positioned=False
+                    plan, needed, self.source, io, policy, self._offsets, k, expanded, positioned=False
                 )
             else:
                 raw = reader.read_planned_in_phases(
-                    plan, needed, order, sizes[0] if sizes else 0, self.source, self.io, policy, self._offsets, k, expanded
+                    plan, needed, order, sizes[0] if sizes else 0, self.source, io, policy, self._offsets, k, expanded
                 )
                 items = reader.emit_in_order(raw, order)
         else:
             shards = split_unsized(len(self.source.urls), world, self.seed, epoch, self.shuffle.shards)
-            items = reader.read_shards(shards, self.source, self.io, policy)
+            items = reader.read_shards(shards, self.source, io, policy)
             if expanded is not None:
                 items = reader.expand_each(items, prepare, k)
             items = shuffle_buffer(
@@ -111,6 +117,7 @@ class Iteration:
             sizes = []
             if skip:
                 items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
+        items = storage.staged_epoch(items, io)
         if expanded is None:
             items = reader.prepared(items, prepare)
         if self.transform is not None:

@@ -32,6 +32,7 @@ One module per job:
 - ``fork``: fork hooks (registered on import); ``retries``: the retry policy;
 - ``readers/``: one reader per protocol (local, memory, HTTP, S3, any other fsspec store);
 - ``reading``: retried range reads; ``read_ahead``: a thread per stream; ``cache``: the local shard cache;
+- ``staging``: a rank's staging area (its workers share remote fetches); ``staged``: reads through it;
 - ``streams``: :func:`open_chunks`; ``framed``: framed zstd shards in tar offsets; ``metadata``: size / existence / directory;
 - ``output``: atomic writes.
 """
@@ -50,6 +51,7 @@ from .options import MAX_BACKOFF, IOOptions, io_options
 from .output import commit_staged, open_output, open_staged, start_writeback, sync_directory
 from .read_ahead import readahead
 from .reading import is_compressed, iter_chunks, read_range
+from .staging import staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -84,4 +86,6 @@ __all__ = [
     "sync_directory",
     "open_staged",
     "commit_staged",
+    "staged_epoch",
+    "staging_for",
 ]

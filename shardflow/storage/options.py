@@ -6,9 +6,12 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
+
+if TYPE_CHECKING:
+    from .staging import StagingScope
 
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
@@ -54,6 +57,22 @@ class IOOptions:
             be relative paths that stay under the manifest's folder (no
             absolute path or URL, no other protocol, no ``::`` chain, no
             escaping ``..``), since whoever wrote the manifest chooses them.
+        staging: share each remote fetch among the DataLoader workers of a rank
+            (on by default): the first worker to need a part of a shard streams
+            it into a staging file on local disk, the others read that file as
+            it grows, so each byte is fetched once per rank per epoch, whatever
+            ``num_workers`` (see docs/remote.md). Off: every worker streams the
+            shards it reads itself. Not used with ``cache_dir`` (the cache
+            already fetches each shard once) or in the main process.
+        staging_dir: the local folder holding the staging areas (one per rank
+            and epoch, removed when the epoch's workers are done), or ``None``
+            for the system's temporary folder (``tempfile.gettempdir()``).
+        staging_limit: bytes of fetched shard bytes a staging area keeps
+            (default 2 GiB); past it, blocks every worker already read are
+            removed first. Blocks being written or read are never removed, so
+            the disk used is at most this plus 8 MiB per open shard part.
+        staging_scope: set by :class:`~shardflow.ShardDataset` in each DataLoader
+            worker (which rank, epoch and worker reads); leave it ``None``.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -67,6 +86,10 @@ class IOOptions:
     request_timeout: float = 30.0
     part_deadline: float = 900.0
     trust_manifest_urls: bool = False
+    staging: bool = True
+    staging_dir: str | None = None
+    staging_limit: int = 2 << 30
+    staging_scope: StagingScope | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -75,12 +98,20 @@ class IOOptions:
             )
         # a plain dict copy: picklable for DataLoader workers, not aliased by the caller
         object.__setattr__(self, "storage_options", dict(self.storage_options))
-        for name, low in (("retries", 0), ("block_size", 1), ("readahead", 0), ("cache_limit", 1)):
+        for name, low in (("retries", 0), ("block_size", 1), ("readahead", 0), ("cache_limit", 1),
+                          ("staging_limit", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not isinstance(self.staging, bool):
+            raise TypeError(f"staging must be a bool, got {self.staging!r}")
+        if self.staging_dir is not None:
+            staging_dir = os.fspath(self.staging_dir)
+            if not isinstance(staging_dir, str) or not staging_dir:
+                raise ValueError(f"staging_dir must be a non-empty local path, got {self.staging_dir!r}")
+            object.__setattr__(self, "staging_dir", staging_dir)
         if not isinstance(self.trust_manifest_urls, bool):
             raise TypeError(f"trust_manifest_urls must be a bool, got {self.trust_manifest_urls!r}")
         if not isinstance(self.limits, Limits):

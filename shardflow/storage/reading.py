@@ -69,7 +69,8 @@ def iter_chunks(url: str, start: int = 0, end: int | None = None,
 def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             expect: Mapping[str, str] | None = None,
             check_size: Callable[[int], None] | None = None,
-            sha256: str | None = None) -> Iterator[bytes]:
+            sha256: str | None = None,
+            opened: Callable[[int | None, Mapping[str, str]], None] | None = None) -> Iterator[bytes]:
     """The chunk stream behind :func:`iter_chunks` (arguments checked by the caller).
 
     Args:
@@ -81,6 +82,8 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             (no ETag, Last-Modified or version), a reopen could join bytes of two
             versions of the same size, so the bytes read are hashed and a
             mismatch at the end raises :class:`ShardChangedError`.
+        opened: called with the object's size (None when the store does not say)
+            and identity at the first open (the staging area records them).
     """
     # a local file is read with plain reads: no fsspec filesystem to look up per open
     local = is_local(url) and "::" not in url
@@ -102,14 +105,14 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                         identity = reader.identity
                         if check_size is not None and reader.size is not None:
                             check_size(reader.size)
+                        if opened is not None:
+                            opened(reader.size, identity)
                         if sha256 and start == 0 and end is None and not has_validator(identity):
                             hasher = hashlib.sha256()
                     else:
                         change = identity_difference(identity, reader.identity)
                         if change is not None:
-                            raise ShardChangedError(
-                                f"{url} changed while being read, at byte {offset} ({change})"
-                            )
+                            raise ShardChangedError(f"{url} changed while being read, at byte {offset} ({change})")
                     if reader.size is not None:
                         stop = reader.size if stop is None else min(stop, reader.size)
                         if offset >= stop:

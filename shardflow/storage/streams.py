@@ -9,6 +9,7 @@ from .cache import cached_chunks
 from .options import DEFAULT_OPTIONS, IOOptions
 from .read_ahead import readahead
 from .reading import check_range, retried_chunks
+from .staged import staged_chunks
 from .urls import is_local
 
 __all__ = ["open_chunks"]
@@ -24,7 +25,10 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     downloaded once into the cache (atomically; concurrent threads and processes
     share one download), then ``[start, end)`` is served from the local copy. The
     read-ahead thread (``options.readahead`` chunks) starts at once, so a shard
-    opened early is fetched while the previous one is consumed.
+    opened early is fetched while the previous one is consumed. With
+    ``options.staging_scope`` set (a DataLoader worker, see
+    :mod:`shardflow.storage.staging`), the bytes come through the rank's staging
+    area, fetched once for all of its workers.
 
     Args:
         check_size: called with the object's size in bytes when it is first
@@ -46,6 +50,8 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size)
+    elif options.staging_scope is not None:  # the rank's workers share the fetches, in threads of their own
+        return staged_chunks(url, start, end, options, check_size, sha256)
     else:
         source = retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     return readahead(source, options.readahead)
