@@ -30,6 +30,7 @@ from typing import Any
 from .. import storage
 from ..errors import DestinationExistsError, ManifestError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..errors import redact
 from ..storage.urls import join_url
 from ..writer import write_manifest
 
@@ -175,7 +176,7 @@ def prepare_destination(
             f"{dest} already holds {what}; a conversion of {', '.join(f'{k} {v}' for k, v in identity.items())} "
             "would mix with it. Choose an empty folder, or pass overwrite=True (--overwrite) to replace it"
         )
-    log.warning("%s: replacing %s (overwrite): removing %d file(s)", dest, what, len(old) + 2)
+    log.warning("%s: replacing %s (overwrite): removing %d file(s)", redact(dest), redact(what), len(old) + 2)
     remove_files(dest, [MANIFEST_NAME, MANIFEST_NAME + ".journal", STATE_NAME, *old], io)
     return Previous()
 
@@ -187,10 +188,10 @@ def _load_state(url: str, io: storage.IOOptions) -> dict[str, Any] | None:
     try:
         state = json.loads(raw)
     except ValueError:
-        log.warning("%s: not valid JSON, ignored", url)
+        log.warning("%s: not valid JSON, ignored", redact(url))
         return None
     if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-        log.warning("%s: not a conversion record this version reads, ignored", url)
+        log.warning("%s: not a conversion record this version reads, ignored", redact(url))
         return None
     return state
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
+from ..errors import redacted_repr
 
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
@@ -16,7 +17,7 @@ MAX_BACKOFF = 10.0
 """Seconds; the retry delay doubles from ``IOOptions.backoff`` up to this."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class IOOptions:
     """How shards are read and written.
 
@@ -101,6 +102,9 @@ class IOOptions:
                     f"cache_dir must be a non-empty local path, got {self.cache_dir!r}"
                 )
             object.__setattr__(self, "cache_dir", cache_dir)
+
+    def __repr__(self) -> str:  # never shows a secret (shardflow.errors)
+        return redacted_repr(self)
 
 
 DEFAULT_OPTIONS = IOOptions()

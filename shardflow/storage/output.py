@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from shardflow.errors import ShardflowError
+from shardflow.errors import ShardflowError, redact_cause
 
 from .errors import RemoteWriteError
 from .filesystems import filesystem
@@ -76,7 +76,7 @@ def open_output(url: str, options: IOOptions = DEFAULT_OPTIONS, *, sync_dir: boo
         except ShardflowError:
             raise
         except Exception as exc:
-            raise RemoteWriteError(f"writing {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise RemoteWriteError(f"writing {url} failed: {type(exc).__name__}: {exc}") from redact_cause(exc)
         finally:
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)

@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from shardflow.errors import RemoteReadError, ShardflowError
+from shardflow.errors import RemoteReadError, ShardflowError, redact, redact_cause
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
 from .errors import ShardChangedError, ShortReadError
@@ -131,10 +131,10 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                 if fatal is exc:
                     raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
                 if fatal is not None:
-                    raise fatal from exc
+                    raise fatal from redact_cause(exc)
                 failures += 1
                 if failures > options.retries:
-                    raise read_error(url, offset, exc, failures) from exc
+                    raise read_error(url, offset, exc, failures) from redact_cause(exc)
                 if reader is not None:
                     with contextlib.suppress(Exception):
                         reader.close()
@@ -143,7 +143,7 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                 waited += time.monotonic() - began + wait
                 _check_deadline(url, start, stop, offset, waited, options, exc)
                 logger.warning("reading %s failed at byte %d (%s: %s); reopening, retry %d/%d "
-                               "in %.2fs", url, offset, type(exc).__name__, exc, failures,
+                               "in %.2fs", redact(url), offset, type(exc).__name__, redact(str(exc)), failures,
                                options.retries, wait)
                 time.sleep(wait)
                 continue
@@ -188,7 +188,7 @@ def _check_deadline(url: str, start: int, stop: int | None, offset: int, waited:
     raise RemoteReadError(
         f"reading {url} from byte {start} to {end}: reached byte {offset} only, after {waited:.1f} s of "
         f"waiting on the store, past the deadline of {options.part_deadline:g} s (IOOptions.part_deadline){cause}"
-    ) from exc
+    ) from redact_cause(exc)
 
 
 def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTIONS) -> bytes:

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from shardflow.errors import RemoteReadError, ShardflowError
+from shardflow.errors import RemoteReadError, ShardflowError, redact, redact_cause
 
 from .errors import ShardNotFoundError
 from .options import MAX_BACKOFF, IOOptions
@@ -100,11 +100,11 @@ def call_with_retries(url: str, offset: int, options: IOOptions, fn):
             if not is_transient(exc):
                 if not is_io_error(exc):
                     raise
-                raise read_error(url, offset, exc, 0) from exc
+                raise read_error(url, offset, exc, 0) from redact_cause(exc)
             failures += 1
             if failures > options.retries:
-                raise read_error(url, offset, exc, failures) from exc
+                raise read_error(url, offset, exc, failures) from redact_cause(exc)
             wait = retry_delay(options, failures)
             logger.warning("reading %s at byte %d failed (%r); retry %d/%d in %.2fs",
-                           url, offset, exc, failures, options.retries, wait)
+                           redact(url), offset, redact(repr(exc)), failures, options.retries, wait)
             time.sleep(wait)
