@@ -35,7 +35,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from . import storage
-from .codecs import DecodeOptions, decode_field
+from .codecs import DecodeOptions, decode_field, with_limits
 from .dataset import check_picklable_transform
 from .errors import DecodeError, ManifestError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
@@ -137,6 +137,7 @@ class IndexedShardDataset(Dataset):
             self.decode = decode
         else:
             self.decode = DecodeOptions(image=decode)
+        self.decode = with_limits(self.decode, io.limits)  # compressed fields: the members' limits
         self.io = io
         self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         self.max_open = max_open
