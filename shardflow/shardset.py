@@ -244,7 +244,7 @@ def _costs_of(source: ShardSet, column: str, options: storage.IOOptions) -> np.n
 
 
 def read_all(url: str, options: storage.IOOptions) -> bytes:
-    return b"".join(storage.iter_chunks(url, 0, None, options))
+    return storage.read_small(url, options, "manifest or index")
 
 
 def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOOptions) -> str:

@@ -66,7 +66,7 @@ def _read_json(url: str, io: storage.IOOptions) -> bytes | None:
     try:
         if not storage.exists(url, io):
             return None
-        return b"".join(storage.iter_chunks(url, 0, None, io))
+        return storage.read_small(url, io)
     except FileNotFoundError:
         return None
 
@@ -187,7 +187,7 @@ def _load_state(url: str, io: storage.IOOptions) -> dict[str, Any] | None:
         return None
     try:
         state = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("%s: not valid JSON, ignored", redact(url))
         return None
     if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:

@@ -49,7 +49,7 @@ from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
 from .output import commit_staged, open_output, open_staged, start_writeback, sync_directory
 from .read_ahead import readahead
-from .reading import is_compressed, iter_chunks, read_range
+from .reading import is_compressed, iter_chunks, read_range, read_small
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -79,6 +79,7 @@ __all__ = [
     "open_output",
     "DestinationLockedError",
     "read_range",
+    "read_small",
     "readahead",
     "start_writeback",
     "sync_directory",

@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from shardflow.errors import RemoteReadError, ShardflowError, redact, redact_cause
+from shardflow.errors import ManifestError, RemoteReadError, ShardflowError, redact, redact_cause
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
 from .errors import ShardChangedError, ShortReadError
@@ -238,3 +238,30 @@ def is_compressed(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
     """Whether an object starts with the gzip or zstd magic bytes."""
     magic = read_range(url, 0, 4, options)
     return magic.startswith(GZIP_MAGIC) or magic.startswith(ZSTD_MAGIC)
+
+
+def read_small(url: str, options: IOOptions = DEFAULT_OPTIONS, what: str = "manifest") -> bytes:
+    """Read a whole manifest, journal, conversion record or index, within
+    ``options.limits.max_manifest_bytes`` (an endless or huge body stops there).
+
+    Memory: the cap plus one chunk (``options.block_size``).
+
+    Raises:
+        ManifestError: the object is larger than the cap (names the option).
+        FileNotFoundError, ShardflowError: as :func:`iter_chunks`.
+    """
+    cap = options.limits.max_manifest_bytes
+    out = bytearray()
+    chunks = iter_chunks(url, 0, None, options)
+    try:
+        for chunk in chunks:
+            if len(out) + len(chunk) > cap:
+                raise ManifestError(
+                    f"{url} is larger than {cap} bytes (Limits.max_manifest_bytes), too large for a {what}",
+                    reason="manifest_too_large",
+                )
+            out += chunk
+    finally:
+        chunks.close()
+    return bytes(out)
+
