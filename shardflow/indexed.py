@@ -231,7 +231,7 @@ class IndexedShardDataset(Dataset):
             raise ManifestError(f"{url}: no offset index; run `shardflow index`", reason="missing_index")
         path = _local_path(url)
         try:
-            fd = os.open(path, os.O_RDONLY) if path is not None else None
+            fd = storage.regular_fd(path) if path is not None else None
         except FileNotFoundError as e:
             raise storage.ShardNotFoundError(f"shard not found: {url}") from e
         entry = _Shard(offsets, fd)

@@ -16,7 +16,7 @@ from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 from .errors import ShardChangedError, ShortReadError
 from .filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
-from .readers import LocalReader, open_reader
+from .readers import LocalReader, open_reader, open_regular
 from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay
 from .urls import is_local, local_path
 
@@ -206,7 +206,7 @@ def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTI
         path = local_path(url)
 
         def read_local() -> bytes:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(path) as f:
                 f.seek(start)
                 parts, want = [], end - start
                 while want:
