@@ -266,11 +266,15 @@ class ShardWriter:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
+        local = storage.is_local(self.manifest_url)
+        if local:
+            storage.refuse_symlink(path)
         if fs.exists(path):
             fs.rm_file(path)
-        if storage.is_local(self.manifest_url):
+        if local:
             fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self._journal = fs.open(path + JOURNAL_SUFFIX, "wb")
+            # never through a symlink planted at the journal's name (it would truncate the target)
+            self._journal = os.fdopen(storage.create_file(path + JOURNAL_SUFFIX, truncate=True), "wb")
             self._journal.write(journal_header(self.manifest.meta))
             self._journal.flush()
             self._journal_meta = copy.deepcopy(self.manifest.meta)

@@ -47,7 +47,7 @@ from .framed import open_framed, read_framed_range
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
-from .output import commit_staged, open_output, open_staged, start_writeback, sync_directory
+from .output import commit_staged, create_file, open_output, open_staged, refuse_symlink, start_writeback, sync_directory
 from .read_ahead import readahead
 from .readers import open_regular, regular_fd
 from .reading import is_compressed, iter_chunks, read_range, read_small
@@ -82,6 +82,8 @@ __all__ = [
     "open_output",
     "DestinationLockedError",
     "read_range",
+    "create_file",
+    "refuse_symlink",
     "open_regular",
     "regular_fd",
     "read_small",
