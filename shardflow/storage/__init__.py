@@ -49,6 +49,7 @@ from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
 from .output import commit_staged, create_file, open_output, open_staged, refuse_symlink, start_writeback, sync_directory
 from .read_ahead import readahead
+from .redirects import MAX_REDIRECTS, RedirectError
 from .readers import open_regular, regular_fd
 from .reading import is_compressed, iter_chunks, read_range, read_small
 from .streams import open_chunks
@@ -82,6 +83,8 @@ __all__ = [
     "open_output",
     "DestinationLockedError",
     "read_range",
+    "MAX_REDIRECTS",
+    "RedirectError",
     "create_file",
     "refuse_symlink",
     "open_regular",

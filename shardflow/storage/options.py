@@ -55,6 +55,11 @@ class IOOptions:
             be relative paths that stay under the manifest's folder (no
             absolute path or URL, no other protocol, no ``::`` chain, no
             escaping ``..``), since whoever wrote the manifest chooses them.
+        cross_host_redirects: follow HTTP redirects to another host (scheme,
+            host or port), without the URL's credentials, ``Authorization``,
+            cookies or custom headers. Off by default: such a redirect is a
+            ``RedirectError``. Redirects on the same host are followed, at most
+            :data:`~shardflow.storage.redirects.MAX_REDIRECTS` per request.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -68,6 +73,7 @@ class IOOptions:
     request_timeout: float = 30.0
     part_deadline: float = 900.0
     trust_manifest_urls: bool = False
+    cross_host_redirects: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -82,8 +88,9 @@ class IOOptions:
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        if not isinstance(self.trust_manifest_urls, bool):
-            raise TypeError(f"trust_manifest_urls must be a bool, got {self.trust_manifest_urls!r}")
+        for name in ("trust_manifest_urls", "cross_host_redirects"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be a shardflow.format.limits.Limits, got {self.limits!r}")
         for name in ("request_timeout", "part_deadline"):

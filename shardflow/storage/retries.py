@@ -26,8 +26,21 @@ def _http_errors() -> tuple[type[BaseException], ...]:
     return (client.HTTPException,) if client is not None else ()
 
 
+def shardflow_cause(exc: BaseException) -> ShardflowError | None:
+    """The first :class:`ShardflowError` in ``exc``'s cause chain (fsspec wraps the errors our
+    hooks raise, such as a refused redirect, in a ``FileNotFoundError``), or None."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, ShardflowError):
+            return exc
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed read is worth retrying after reopening."""
+    if shardflow_cause(exc) is not None:
+        return False  # named already: a refused redirect, a changed object
     if isinstance(exc, FileNotFoundError):
         # fsspec's HTTP info() reports any failure, a 503 too, as FileNotFoundError
         cause = exc.__cause__
@@ -76,8 +89,9 @@ def retry_delay(options: IOOptions, failures: int) -> float:
 
 def read_error(url: str, offset: int, exc: BaseException, failures: int) -> ShardflowError:
     """The error to raise for a read of ``url`` that cannot go on."""
-    if isinstance(exc, ShardflowError):
-        return exc
+    cause = shardflow_cause(exc)
+    if cause is not None:
+        return cause
     if isinstance(exc, FileNotFoundError) and not is_transient(exc):
         return ShardNotFoundError(f"shard not found: {url}")
     if failures:
