@@ -40,6 +40,7 @@ from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ..storage.locks import DestinationLock
 from ..shardfile import ShardFile
 from ..storage.urls import join_url, local_path, protocol_of
+from . import destination
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import Executor, make_executor
 from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
@@ -167,6 +168,7 @@ COMMIT_THREADS = 4
 def _commit(staged: Iterable[tuple[str, str]]) -> None:
     for tmp, path in staged:
         storage.commit_staged(tmp, path)
+        destination.checkpoint("shard:committed")
 
 
 class _Tasks:
@@ -328,6 +330,10 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
     io = options.io
     local = storage.is_local(dest)
     previous = prepare_destination(dest, identity, prefix=options.prefix, resume=options.resume, overwrite=options.overwrite, io=io)
+    if not previous.recorded:
+        # the record first, before any shard: a run killed at any later point is recognised as this one
+        destination.write_record(dest, identity, {}, io)
+        destination.checkpoint("record:start")
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
         if client is not None:
