@@ -35,7 +35,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from . import storage
-from .codecs import DecodeOptions
+from .codecs import DecodeOptions, with_limits
 from .dataset import check_picklable_transform
 from .errors import ManifestError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
@@ -139,6 +139,7 @@ class IndexedShardDataset(Dataset):
             self.decode = decode
         else:
             self.decode = DecodeOptions(image=decode)
+        self.decode = with_limits(self.decode, io.limits)  # compressed fields: the members' limits
         self.io = io
         self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         self.max_open = max_open
@@ -234,7 +235,7 @@ class IndexedShardDataset(Dataset):
             raise ManifestError(f"{url}: no offset index; run `shardflow index`", reason="missing_index")
         path = _local_path(url)
         try:
-            fd = os.open(path, os.O_RDONLY) if path is not None else None
+            fd = storage.regular_fd(path) if path is not None else None
         except FileNotFoundError as e:
             raise storage.ShardNotFoundError(f"shard not found: {url}") from e
         entry = _Shard(offsets, fd)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from .errors import ManifestError
+from .errors import ManifestError, redact, redacted_repr
 from .format.frames import FrameTable, decode_frames
 from .format.manifest import Manifest, decode_offsets, decode_sizes
 from .storage.urls import escapes_folder
@@ -21,7 +21,7 @@ from .urls import join_url, parent_url
 __all__ = ["Source", "SourcePart", "ShardSet", "listed_url", "read_all"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Source:
     """One dataset among the sources of a :class:`~shardflow.ShardDataset`.
 
@@ -66,17 +66,20 @@ class Source:
         if self.storage_options is not None:
             object.__setattr__(self, "storage_options", dict(self.storage_options))
 
+    def __repr__(self) -> str:  # never shows a secret (shardflow.errors.redact)
+        return redacted_repr(self)
+
     @property
     def label(self) -> str:
         """The name, or the URL (the first one and a count, for a list)."""
         if self.name:
             return self.name
         if isinstance(self.url, tuple):
-            return self.url[0] + (f" (+{len(self.url) - 1} more)" if len(self.url) > 1 else "")
-        return str(self.url)
+            return redact(self.url[0]) + (f" (+{len(self.url) - 1} more)" if len(self.url) > 1 else "")
+        return redact(str(self.url))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SourcePart:
     """Where one source's shards lie in a :class:`ShardSet`.
 
@@ -97,6 +100,9 @@ class SourcePart:
     sized: bool = False
     manifest_url: str | None = None
     storage_options: Mapping[str, Any] | None = None
+
+    def __repr__(self) -> str:  # never shows a secret (shardflow.errors.redact)
+        return redacted_repr(self)
 
 
 @dataclass
@@ -244,7 +250,7 @@ def _costs_of(source: ShardSet, column: str, options: storage.IOOptions) -> np.n
 
 
 def read_all(url: str, options: storage.IOOptions) -> bytes:
-    return b"".join(storage.iter_chunks(url, 0, None, options))
+    return storage.read_small(url, options, "manifest or index")
 
 
 def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOOptions) -> str:

@@ -35,10 +35,21 @@ __all__ = [
     "parse_layout",
     "build_state",
     "check_state",
+    "check_bounds",
+    "MAX_EPOCH",
+    "MAX_STAGES",
+    "MAX_STREAMS",
 ]
 
 STATE_VERSION = 3  # 3: buffer shuffles pick from PCG64 (order.BufferDraws); a state of 2 would resume another order
 STATE_KEYS = ("kind", "version", "epoch", "remaining", "next_worker", "config")
+MAX_EPOCH = 1 << 62
+"""Epochs a state may name: ``[0, 2**62)`` (seeds are derived from the epoch in 64 bits)."""
+MAX_STREAMS = 256
+"""Worker streams (DataLoader workers per rank) an unsized state may list."""
+MAX_STAGES = 1024
+"""``(world size, steps)`` stages one epoch's state may list: a job restarted at another world size
+more than 1024 times within one epoch is not one shardflow resumes."""
 
 
 @dataclass(frozen=True)
@@ -130,3 +141,56 @@ def check_state(
             + "). Resuming needs the same shards, seed, shuffle, split, batch size and world size; "
             "with a manifest the number of workers may change"
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_bounds(state: Mapping[str, Any], kind: str, *, items: int | None, world_size: int, max_streams: int) -> None:
+    """Refuse values of a (kind- and version-checked) state that no run of this dataset could
+    have saved, before anything is sized or looped by them (a state file is as untrusted as a
+    manifest: a world size of 1e9 or 200k stages would hang or exhaust the workers).
+
+    Args:
+        state: the state (its keys present).
+        kind: named in errors.
+        items: sized: the samples (items) of one epoch over all ranks; None: unsized.
+        world_size: the loading world's size.
+        max_streams: the most worker streams an unsized state may list.
+
+    Bounds: ``epoch`` an int in ``[0, MAX_EPOCH)``; ``next_worker`` an int in ``[0, max_streams)``;
+    sized: at most :data:`MAX_STAGES` stages, each world size at most ``max(items, world_size)``,
+    each stage's steps at most ``items``; unsized: at most ``max_streams`` skips, each an int in
+    ``[0, MAX_EPOCH)``.
+
+    Raises:
+        StateError: the first value out of bounds, named.
+    """
+    epoch, nxt = state["epoch"], state["next_worker"]
+    if not _is_int(epoch) or not 0 <= epoch < MAX_EPOCH:
+        raise StateError(f"{kind} state_dict: epoch {epoch!r} is not an int in [0, 2**62)")
+    if not _is_int(nxt) or not 0 <= nxt < max_streams:
+        raise StateError(f"{kind} state_dict: next_worker {nxt!r} is not an int in [0, {max_streams})")
+    remaining = state["remaining"]
+    if not isinstance(remaining, (list, tuple)):
+        raise StateError(f"{kind} state_dict: 'remaining' is a {type(remaining).__name__}, not a list")
+    if items is None:
+        if len(remaining) > max_streams:
+            raise StateError(f"{kind} state_dict: 'remaining' lists {len(remaining)} worker streams, more than "
+                             f"{max_streams}")
+        for skip in remaining:
+            if not _is_int(skip) or not 0 <= skip < MAX_EPOCH:
+                raise StateError(f"{kind} state_dict: skip {skip!r} in 'remaining' is not a count")
+        return
+    if len(remaining) > MAX_STAGES:
+        raise StateError(f"{kind} state_dict: 'remaining' lists {len(remaining)} stages, more than {MAX_STAGES}")
+    stages = parse_layout(remaining, kind)
+    widest = max(items, world_size)
+    for w, k in stages:
+        if w > widest:
+            raise StateError(f"{kind} state_dict: world size {w} in 'remaining' is more than the dataset's {items} "
+                             f"samples and this world's {world_size} ranks")
+        if k > items:
+            raise StateError(f"{kind} state_dict: {k} steps in 'remaining' are more than the dataset's {items} samples")
+

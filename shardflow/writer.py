@@ -294,6 +294,10 @@ class ShardWriter:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(self.manifest_url, **self.io.storage_options)
+        local = storage.is_local(self.manifest_url)
+        if local:  # never read or write through a link planted at the manifest's or journal's name
+            storage.refuse_symlink(path)
+            storage.refuse_symlink(path + JOURNAL_SUFFIX)
         if self.overwrite:
             for stale in (path, path + JOURNAL_SUFFIX):
                 if fs.exists(stale):
@@ -303,9 +307,10 @@ class ShardWriter:
         if storage.is_local(folder):
             # the temporaries of a writer that crashed here are nobody's (storage.locks)
             remove_stale_temporaries(local_path(folder) or ".")
-        if storage.is_local(self.manifest_url):
+        if local:
             fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self._journal = fs.open(path + JOURNAL_SUFFIX, "wb")
+            # never through a symlink planted at the journal's name (it would truncate the target)
+            self._journal = os.fdopen(storage.create_file(path + JOURNAL_SUFFIX, truncate=True), "wb")
             self._journal.write(journal_header(self.manifest.meta))
             for n, info in enumerate(self.manifest.shards):
                 self._journal.write(journal_entry(info, dict(self.manifest.fields) if n == 0 else {}, committed=True))

@@ -1,8 +1,9 @@
 """Field codecs, registered by extension.
 
 A field's codec is chosen by the last extension of its name (``seg.png`` uses
-the ``png`` codec); ``gz`` is gunzipped and then decoded by the extension before
-it (``x.npy.gz``). On write, ``bytes`` values are stored as given and other
+the ``png`` codec); ``gz``, ``zst`` and ``xz`` are decompressed (within
+:class:`~shardflow.format.limits.Limits`, see :mod:`shardflow.codecs.compressed`) and
+then decoded by the extension before them (``x.npy.gz``). On write, ``bytes`` values are stored as given and other
 values are encoded by the codec; on read, the codec decodes the bytes. Nothing
 is unpickled unless :attr:`DecodeOptions.allow_pickle` is set.
 
@@ -18,10 +19,11 @@ field named ``image`` decodes as an image.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
-import gzip
 import io
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +32,8 @@ import numpy as np
 
 from ..errors import DecodeError, SampleError
 from ..format.keys import IMAGE_EXTENSIONS, codec_extension
-from ..format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
+from ..format.limits import DEFAULT_LIMITS, MAX_GRAPH_EDGES, MAX_GRAPH_NODES, Limits
+from .compressed import COMPRESSED_EXTENSIONS, compress_field, decompress_field
 
 __all__ = [
     "DecodeOptions",
@@ -43,6 +46,7 @@ __all__ = [
     "IMAGE_FIELD",
     "field_alternatives",
     "is_image_field",
+    "with_limits",
 ]
 
 IMAGE_FORMS = ("pil", "numpy", "torch")
@@ -108,6 +112,10 @@ class DecodeOptions:
             naming this option.
         max_graph_edges: the most edges (columns) an ``edge_index`` may hold;
             default 2**28 (268,435,456).
+        limits: the bounds on compressed fields (``.gz``/``.zst``/``.xz``: at most
+            ``Limits.max_member_bytes``, and ``Limits.max_compression_ratio`` times
+            their stored size); None (default): a dataset's ``IOOptions.limits``
+            (the :data:`~shardflow.format.limits.DEFAULT_LIMITS` elsewhere).
     """
 
     image: str | None = "numpy"
@@ -117,8 +125,13 @@ class DecodeOptions:
     jpeg_decoder: str = "pillow"
     max_graph_nodes: int = MAX_GRAPH_NODES
     max_graph_edges: int = MAX_GRAPH_EDGES
+    limits: Limits | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):  # through dataclasses.asdict
+            object.__setattr__(self, "limits", Limits(**self.limits))
+        if self.limits is not None and not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be a shardflow.format.limits.Limits or None, got {self.limits!r}")
         if self.image is not None and self.image not in IMAGE_FORMS:
             raise ValueError(f"image form must be one of {IMAGE_FORMS} or None, got {self.image!r}")
         if self.max_pixels is not None and self.max_pixels <= 0:
@@ -136,6 +149,13 @@ class DecodeOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def with_limits(options: DecodeOptions | None, limits: Limits) -> DecodeOptions | None:
+    """``options`` with ``limits`` where it names none (a dataset's ``IOOptions.limits``)."""
+    if options is None or options.limits is not None:
+        return options
+    return dataclasses.replace(options, limits=limits)
 
 
 def preload(options: DecodeOptions | None, fields: Iterable[str] = ()) -> None:
@@ -208,8 +228,8 @@ def encode_field(key: str, field: str, value: Any) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     ext = codec_extension(field)
-    if ext == "gz" and "." in field:
-        return gzip.compress(encode_field(key, field[: -len(".gz")], value), mtime=0)
+    if ext in COMPRESSED_EXTENSIONS and "." in field:
+        return compress_field(ext, encode_field(key, field[: -len(ext) - 1], value))
     encode = _ENCODERS.get(ext)
     if encode is None:
         raise SampleError(
@@ -239,18 +259,17 @@ def decode_field(field: str, data: bytes, options: DecodeOptions, *, graph_recor
             in one step, instead of a ``Data``; the checks and errors are the same.
 
     Raises:
-        DecodeError: the codec failed (the caller adds shard and key).
+        DecodeError: the codec failed (the caller adds shard and key), or a
+            compressed field is damaged or over its cap (reason ``field_too_large``).
     """
     ext = codec_extension(field)
     if isinstance(data, memoryview) and (data.ndim != 1 or data.itemsize != 1):
         data = data.cast("B") if data.c_contiguous else data.tobytes()
-    if ext == "gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise DecodeError(f"field {field!r}: bad gzip data: {e}") from e
-        inner = field[: -len(".gz")]
-        return decode_field(inner, data, options, graph_records=graph_records) if "." in field else data
+    if ext in COMPRESSED_EXTENSIONS:
+        inner, data = decompress_field(field, data, options.limits or DEFAULT_LIMITS)
+        if "." not in field:  # a field named "gz": bytes, as before
+            return data
+        return decode_field(inner, data, options, graph_records=graph_records)
     decode = _DECODERS.get(ext)
     if decode is None:
         return data
@@ -281,8 +300,24 @@ def _enc_int(value: Any, ext: str) -> bytes:
     return str(value).encode("ascii")
 
 
+_INT_DIGITS = 19  # an int64, the dtype the default collate stacks class indexes into
+_INT_RE = re.compile(rb"[+-]?[0-9]+")
+
+
 def _dec_int(data: bytes, options: DecodeOptions) -> int:
-    return int(bytes(data).strip())  # int() takes neither a memoryview nor, stripped, a view
+    """An ASCII decimal integer that fits an int64 (surrounding whitespace allowed); a longer
+    or other value is a DecodeError here, not a bare ValueError at collate time."""
+    text = bytes(data).strip()  # bytes, bytearray or a memoryview alike
+    if not _INT_RE.fullmatch(text):
+        shown = text[:20].decode("ascii", "replace")
+        raise DecodeError(f"not an ASCII decimal integer ({len(text)} bytes, starting {shown!r})")
+    digits = len(text.lstrip(b"+-"))
+    if digits > _INT_DIGITS:
+        raise DecodeError(f"{digits} digits, more than {_INT_DIGITS} (an int64 class index)")
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise DecodeError(f"{value} does not fit an int64 class index")
+    return value
 
 
 def _enc_json(value: Any, ext: str) -> bytes:

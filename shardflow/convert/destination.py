@@ -10,7 +10,12 @@ bytes, wherever they were read from and however often the run was resumed.
 
 A destination is taken as it is when it is empty or holds an earlier run of
 the same conversion (same identity: then its finished groups are kept when
-resuming). Anything else that is a dataset (a manifest of another source or
+resuming). The record is what says so: a conversion writes it, with its identity
+and no group, before its first shard, so a run killed at any point (shards
+renamed but not yet recorded, a record written but not its manifest) is
+recognised as the same conversion and resumed; shards that no manifest lists
+yet are written again, to the same bytes. :func:`checkpoint` marks each of
+these points (tests kill a conversion at every one). Anything else that is a dataset (a manifest of another source or
 converter, or tar files) is refused with :class:`DestinationExistsError`
 unless ``overwrite``, which removes the old dataset's manifest, record, shards
 and their index files first; so is an earlier run of the same conversion whose
@@ -34,11 +39,15 @@ from typing import Any
 from .. import storage
 from ..errors import DestinationExistsError, ManifestError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..errors import redact
 from ..storage.folder import replay_journal, shard_names
 from ..storage.urls import join_url
 from ..writer import write_manifest
 
-__all__ = ["STATE_NAME", "Previous", "prepare_destination", "remove_files", "remove_temporaries", "write_state"]
+__all__ = [
+    "STATE_NAME", "Previous", "checkpoint", "prepare_destination", "remove_files", "remove_temporaries", "write_record",
+    "write_state",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +67,21 @@ class Previous:
         fields: field names of the earlier dataset.
         names: every shard name the earlier manifest listed (to remove the ones
             this run does not write again).
+        recorded: the destination holds this conversion's record already.
     """
 
     groups: dict[int, tuple[str, list[ShardInfo]]] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
     skipped: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    recorded: bool = False
 
 
 def _read_json(url: str, io: storage.IOOptions) -> bytes | None:
     try:
         if not storage.exists(url, io):
             return None
-        return b"".join(storage.iter_chunks(url, 0, None, io))
+        return storage.read_small(url, io)
     except FileNotFoundError:
         return None
 
@@ -116,6 +127,11 @@ def remove_files(dest: str, names: Iterable[str], io: storage.IOOptions) -> None
                     fs.rm(path)
 
 
+def _shard_names(names: Iterable[str]) -> list[str]:
+    """Shard files (not their index sidecars) among ``names``."""
+    return [n for n in names if not n.startswith(".") and n.endswith((".tar", ".tar.gz", ".tar.zst", ".tgz"))]
+
+
 def _old_dataset_files(manifest: Manifest | None, names: list[str]) -> list[str]:
     out = set(_dataset_files(names))
     for s in manifest.shards if manifest is not None else []:
@@ -129,10 +145,12 @@ def remove_temporaries(dest: str, prefix: str, io: storage.IOOptions) -> None:
 
 
 def _remove_temporaries(dest: str, names: list[str], prefix: str) -> list[str]:
-    """Remove temporary shard files a crashed local run left (``.<prefix>-NNNNNN.tar*.tmp``)."""
+    """Remove temporary files a crashed local run left (``.<prefix>-NNNNNN.tar*.tmp``, and the
+    record's and manifest's ``.<name>.<token>.tmp``); the caller holds the destination's lock."""
     left = []
     for name in names:
-        if name.startswith(f".{prefix}-") and name.endswith(".tmp") and storage.is_local(dest):
+        ours = name.startswith((f".{prefix}-", f".{STATE_NAME}.", f".{MANIFEST_NAME}."))  # shards, record, manifest
+        if ours and name.endswith(".tmp") and storage.is_local(dest):
             path = os.path.join(dest[len("file://") :] if dest.startswith("file://") else dest, name)
             log.info("removing %s, left by an interrupted conversion", path)
             with contextlib.suppress(FileNotFoundError):
@@ -167,11 +185,15 @@ def prepare_destination(
             log.warning("%s", e)
     state = _load_state(join_url(dest, STATE_NAME), io) if STATE_NAME in names else None
     foreign: list[ShardInfo] = []
-    if manifest is not None and state is not None and state.get("identity") == dict(identity):
-        foreign = _foreign_shards(manifest, state)
+    if state is not None and state.get("identity") == dict(identity):
+        foreign = _foreign_shards(manifest, state) if manifest is not None else []
         if not foreign:
-            previous = Previous(names={s.url for s in manifest.shards}, fields=sorted(manifest.fields))
-            if resume:
+            # ours, however the earlier run ended: shards it renamed but did not list are its own too
+            # (written again, or removed when this run no longer writes them)
+            listed = {s.url for s in manifest.shards} if manifest is not None else set()
+            previous = Previous(names=listed | set(_shard_names(names)),
+                                fields=sorted(manifest.fields) if manifest is not None else [], recorded=True)
+            if resume and manifest is not None:
                 previous.groups = _finished_groups(manifest, state)
                 previous.skipped = _skipped_inputs(state, previous.groups)
             return previous
@@ -189,7 +211,7 @@ def prepare_destination(
             f"{dest} already holds {what}; a conversion of {', '.join(f'{k} {v}' for k, v in identity.items())} "
             "would mix with it. Choose an empty folder, or pass overwrite=True (--overwrite) to replace it"
         )
-    log.warning("%s: replacing %s (overwrite): removing %d file(s)", dest, what, len(old) + 2)
+    log.warning("%s: replacing %s (overwrite): removing %d file(s)", redact(dest), redact(what), len(old) + 2)
     remove_files(dest, [MANIFEST_NAME, MANIFEST_NAME + ".journal", STATE_NAME, *old], io)
     return Previous()
 
@@ -200,11 +222,11 @@ def _load_state(url: str, io: storage.IOOptions) -> dict[str, Any] | None:
         return None
     try:
         state = json.loads(raw)
-    except ValueError:
-        log.warning("%s: not valid JSON, ignored", url)
+    except (ValueError, RecursionError):
+        log.warning("%s: not valid JSON, ignored", redact(url))
         return None
     if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-        log.warning("%s: not a conversion record this version reads, ignored", url)
+        log.warning("%s: not a conversion record this version reads, ignored", redact(url))
         return None
     return state
 
@@ -246,15 +268,20 @@ def _skipped_inputs(state: Mapping[str, Any], groups: Mapping[int, Any]) -> dict
     return out
 
 
-def write_state(
+def checkpoint(point: str) -> None:
+    """A point where a conversion has made something durable (``record:start``,
+    ``shard:committed``, ``record:written``, ``manifest:written``); nothing happens
+    here. Tests replace it to kill a conversion at each point in turn."""
+
+
+def write_record(
     dest: str,
     identity: Mapping[str, Any],
     groups: Mapping[int, tuple[str, Iterable[ShardInfo]]],
-    manifest: Manifest,
     io: storage.IOOptions,
     skipped: Mapping[int, Iterable[tuple[str, str]]] | None = None,
 ) -> None:
-    """Write the conversion record, then the manifest (both atomically).
+    """Write the conversion record alone (atomically): the identity and the finished groups.
 
     ``skipped``: per group, the ``(where, reason)`` of the inputs its ``build`` skipped.
     """
@@ -266,4 +293,19 @@ def write_state(
     state = {"format": _STATE_FORMAT, "version": _STATE_VERSION, "identity": dict(identity), "groups": entries}
     with storage.open_output(join_url(dest, STATE_NAME), io) as f:
         f.write((json.dumps(state, indent=1, sort_keys=True, default=str) + "\n").encode())
+
+
+def write_state(
+    dest: str,
+    identity: Mapping[str, Any],
+    groups: Mapping[int, tuple[str, Iterable[ShardInfo]]],
+    manifest: Manifest,
+    io: storage.IOOptions,
+    skipped: Mapping[int, Iterable[tuple[str, str]]] | None = None,
+) -> None:
+    """Write the conversion record, then the manifest (both atomically): a shard the
+    manifest lists is always in the record. ``skipped``: as :func:`write_record`."""
+    write_record(dest, identity, groups, io, skipped)
+    checkpoint("record:written")
     write_manifest(join_url(dest, MANIFEST_NAME), manifest, io)
+    checkpoint("manifest:written")

@@ -35,11 +35,12 @@ from itertools import islice
 from typing import Any
 
 from .. import storage
-from ..errors import ConversionError, ShardflowError
+from ..errors import ConversionError, ShardflowError, redact, redact_value
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ..storage.locks import DestinationLock
 from ..shardfile import ShardFile
 from ..storage.urls import join_url, local_path, protocol_of
+from . import destination
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import Executor, make_executor
 from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
@@ -167,6 +168,7 @@ COMMIT_THREADS = 4
 def _commit(staged: Iterable[tuple[str, str]]) -> None:
     for tmp, path in staged:
         storage.commit_staged(tmp, path)
+        destination.checkpoint("shard:committed")
 
 
 class _Tasks:
@@ -307,10 +309,12 @@ def run_conversion(
         ConversionError: a task failed; names the shard (and ``build``'s error
             names the input). Finished groups stay recorded, so a re-run resumes.
     """
-    meta = dict(meta or {})
-    identity = json.loads(json.dumps(
+    # the manifest and the record never hold a source URL's credentials or signature: a resumed
+    # run with a fresh token has the same (redacted) identity
+    meta = redact_value(dict(meta or {}))
+    identity = redact_value(json.loads(json.dumps(
         identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
-    ))  # fmt: skip
+    )))  # fmt: skip
     if not storage.is_local(dest):
         return _convert(dest, inputs, build, context, meta, meta_at_end, options, progress, identity, client)
     # one writer per local destination: a second conversion (or ShardWriter) into it is
@@ -326,6 +330,10 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
     io = options.io
     local = storage.is_local(dest)
     previous = prepare_destination(dest, identity, prefix=options.prefix, resume=options.resume, overwrite=options.overwrite, io=io)
+    if not previous.recorded:
+        # the record first, before any shard: a run killed at any later point is recognised as this one
+        destination.write_record(dest, identity, {}, io)
+        destination.checkpoint("record:start")
     workers = options.workers or os.cpu_count() or 1
     if protocol_of(dest) == "memory":
         if client is not None:
@@ -360,12 +368,12 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         if failed and staged:
             remove_temporaries(dest, options.prefix, io)  # shards staged by groups that did not finish
     if run.kept:
-        log.info("%s: kept %d finished shard(s) of an earlier run", dest, run.kept)
+        log.info("%s: kept %d finished shard(s) of an earlier run", redact(dest), run.kept)
         kept = getattr(progress, "kept", None)
         if callable(kept):
             kept(run.kept)
     if meta_at_end is not None:
-        meta.update(meta_at_end())
+        meta.update(redact_value(dict(meta_at_end())))
     manifest = run.manifest(complete=True)
     run.write(manifest)
     _remove_replaced(dest, previous, manifest, io)
@@ -379,5 +387,5 @@ def _remove_replaced(dest: str, previous: Previous, manifest: Manifest, io: stor
     now = {s.url for s in manifest.shards}
     gone = sorted(previous.names - now)
     if gone:
-        log.info("%s: removing %d shard(s) of the earlier run that this one replaced", dest, len(gone))
+        log.info("%s: removing %d shard(s) of the earlier run that this one replaced", redact(dest), len(gone))
         remove_files(dest, [n + ext for n in gone for ext in ("", ".idx.npy", ".sizes.npy", ".frames.npy")], io)

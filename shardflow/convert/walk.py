@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import storage
+from ..errors import redact
 
 __all__ = ["Entry", "Ignored", "Tree", "LocalTree", "RemoteTree", "open_tree", "extension", "iter_dirs"]
 
@@ -320,6 +321,6 @@ def iter_dirs(tree: Tree, top: str, ignored: Ignored) -> Iterator[tuple[str, lis
             if ident is None or any(ident == i for _, i in stack):
                 why = "unreadable" if ident is None else "a symlink loop"
                 ignored.add(child, why, is_dir=True)
-                log.warning("%s: %s, skipped", tree.url(child), why)
+                log.warning("%s: %s, skipped", redact(tree.url(child)), why)
                 continue
             rel = child

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..selection import selection_digest
-from ..state import ResumePoint, build_state, check_state, parse_layout
+from ..state import MAX_STREAMS, ResumePoint, build_state, check_bounds, check_state, parse_layout
 
 __all__ = ["Resumable"]
 
@@ -65,8 +65,9 @@ class Resumable:
             )
         ignored = ("num_workers", "rank", "world_size") if self.sized else ("num_workers",)
         check_state(state, kind, self._fingerprint(num_workers), ignored=ignored, extra=extra)
-        if self.sized:
-            parse_layout(state["remaining"], kind)
+        counts = self._item_counts() if self.sized else None
+        items = None if counts is None else max(int(counts.sum()), self._split.samples_per_epoch or 0)
+        check_bounds(state, kind, items=items, world_size=self.world().world_size, max_streams=MAX_STREAMS)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the current epoch when iterating in this process.

@@ -8,7 +8,7 @@ import os
 import pickle
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from .. import storage
 from ..batching import Batching
-from ..codecs import DecodeOptions, field_alternatives, preload
+from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
 from ..elastic import resumed_plan
 from ..errors import MissingFieldError, ShardflowError
 from ..expand import Expand
@@ -155,7 +155,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         else:
             self.decode = DecodeOptions(image=decode)
         if max_pixels is not None:
-            self.decode = DecodeOptions(**{**asdict(self.decode or DecodeOptions(image=None)), "max_pixels": max_pixels})
+            self.decode = replace(self.decode or DecodeOptions(image=None), max_pixels=max_pixels)
+        self.decode = with_limits(self.decode, io.limits)  # compressed fields: the members' limits
         self.seed = int(seed)
         self.sample_seeding = bool(sample_seeding)
         self.fields = tuple(fields) if fields is not None else None

@@ -87,7 +87,7 @@ def manifest_from_journal(data: bytes, url: str, verify: Callable[[ShardInfo], b
         lines.pop()  # torn by a crash
     try:
         header = json.loads(lines[0]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("format") != "shardflow-journal":
         raise ManifestError(f"{url}{JOURNAL_SUFFIX}: not a shardflow writer journal")
@@ -109,7 +109,7 @@ def manifest_from_journal(data: bytes, url: str, verify: Callable[[ShardInfo], b
             fields.update(entry.get("fields", {}))
             meta = entry.get("meta", meta)
             pending = bool(header.get("commits")) and not entry.get("committed")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise ManifestError(f"{url}{JOURNAL_SUFFIX}: line {n} is not a journal entry: {e}") from e
     obj = {"format": "shardflow", "version": header.get("version"), "shards": shards, "fields": fields, "meta": meta}
     manifest = Manifest.loads(json.dumps(obj), url=url)

@@ -9,9 +9,50 @@ lower-cased on read; keys keep their case. Members whose basename starts with
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 from ..errors import SampleError
 
-__all__ = ["IMAGE_EXTENSIONS", "split_name", "check_key", "check_field", "codec_extension"]
+__all__ = ["IMAGE_EXTENSIONS", "MAX_KEY_BYTES", "KeySet", "split_name", "check_key", "check_field", "codec_extension"]
+
+MAX_KEY_BYTES = 1 << 16
+"""The longest key (UTF-8 bytes) a writer writes: 64 KiB, well within what readers read
+(``Limits.max_header_bytes``, 1 MiB, bounds a GNU long name or PAX header)."""
+_SHORT = 64  # keys up to this many characters are kept as they are in a KeySet
+
+
+class KeySet:
+    """The keys of the samples a reader closed in one shard, for duplicate detection, kept
+    in memory that does not grow with the keys' length: a key of more than 64 characters
+    is kept as its 16-byte BLAKE2b digest (a collision is a 2**-64 chance at 2**32 keys).
+    Supports ``add``, ``update``, ``in`` and ``isdisjoint`` like a set of keys."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: set[str | bytes] = set()
+
+    @staticmethod
+    def _token(key: str) -> str | bytes:
+        if len(key) <= _SHORT:
+            return key
+        return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def add(self, key: str) -> None:
+        self._items.add(self._token(key))
+
+    def update(self, keys: Iterable[str]) -> None:
+        self._items.update(self._token(k) for k in keys)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._token(key) in self._items
+
+    def isdisjoint(self, keys: Iterable[str]) -> bool:
+        return not any(k in self for k in keys)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     "jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif",
@@ -52,10 +93,15 @@ def check_key(key: object) -> str:
     Raises:
         SampleError: the key is not a non-empty string, its basename contains a
             dot or starts with ``__``, it has an empty, ``.`` or ``..`` path
-            component, starts with ``/``, or contains a NUL character.
+            component, starts with ``/``, contains a NUL character, or is longer
+            than :data:`MAX_KEY_BYTES` in UTF-8.
     """
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key must be a non-empty str, got {key!r}")
+    if len(key) > MAX_KEY_BYTES // 4 and len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        size = len(key.encode("utf-8", "surrogatepass"))
+        raise SampleError(f"sample key {key[:40]!r}... is {size} bytes long, over the limit of {MAX_KEY_BYTES} "
+                          "(shardflow.format.keys.MAX_KEY_BYTES)", reason="key_too_long")
     base = key.rsplit("/", 1)[-1]
     problem = None
     if "." in base:

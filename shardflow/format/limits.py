@@ -42,12 +42,16 @@ class Limits:
             Default 512 (one tar header block: a sample cannot take less).
         max_compression_ratio: for a compressed shard (``.tar.gz``/``.tar.zst``)
             the declared samples may be at most ``bytes * max_compression_ratio
-            // min_sample_bytes``; default 1000. For a framed ``.tar.zst`` also
+            // min_sample_bytes``; a compressed field (``.gz``/``.zst``/``.xz``)
+            may hold at most this many times its stored bytes (and at most
+            ``max_member_bytes``). Default 1000. For a framed ``.tar.zst`` also
             the most tar bytes its frame table may declare per compressed byte.
         max_frame_bytes: the largest zstd frame of a framed ``.tar.zst`` shard
             (see :mod:`shardflow.format.frames`), compressed or decompressed, in
             bytes; default 64 MiB (shardflow writes frames of at most 4 MiB). A
             frame is held whole while it is decompressed: this bounds that memory.
+        max_manifest_bytes: the largest manifest, journal, conversion record,
+            offset or sizes index read (whole, into memory); default 256 MiB.
 
     Raises:
         TypeError, ValueError: a limit is not a positive int.
@@ -58,6 +62,7 @@ class Limits:
     min_sample_bytes: int = 512
     max_compression_ratio: int = 1000
     max_frame_bytes: int = 64 << 20
+    max_manifest_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

@@ -42,6 +42,7 @@ __all__ = [
     "decode_offsets",
     "decode_sizes",
     "load_npy",
+    "parse_json",
 ]
 
 MANIFEST_NAME = "shardflow.json"
@@ -142,10 +143,7 @@ class Manifest:
                 whose ``samples``/``bytes`` are not integers (or a negative count).
         """
         where = url or "<manifest>"
-        try:
-            obj = json.loads(data)
-        except ValueError as e:
-            raise ManifestError(f"{where}: not valid JSON: {e}") from e
+        obj = parse_json(data, where)
         if not isinstance(obj, dict) or obj.get("format") != "shardflow":
             raise ManifestError(f"{where}: not a shardflow manifest (no \"format\": \"shardflow\")")
         version = obj.get("version")
@@ -161,11 +159,29 @@ class Manifest:
         return cls(shards=shards, fields=dict(obj.get("fields", {})), meta=dict(obj.get("meta", {})), url=url)
 
 
+def parse_json(data: bytes | str, where: str) -> Any:
+    """``json.loads`` of untrusted manifest bytes, every failure a :class:`ManifestError`.
+
+    Raises:
+        ManifestError: not valid JSON, or nested deeper than Python's recursion
+            limit allows (a manifest of ``[[[[...`` a megabyte deep).
+    """
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ManifestError(f"{where}: not valid JSON: {e}") from e
+    except RecursionError:
+        raise ManifestError(f"{where}: not a manifest: its JSON is nested too deeply") from None
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "missing"
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _shard_entry(entry: Any, i: int, where: str) -> ShardInfo:
@@ -188,6 +204,11 @@ def _shard_entry(entry: Any, i: int, where: str) -> ShardInfo:
     if entry.get("compression") not in (None, *COMPRESSIONS):
         raise ManifestError(f"{where}: shard entry {i} ({url!r}): compression {entry['compression']!r} is not one "
                             f"of {list(COMPRESSIONS)}")
+    for name in ("url", "index", "sizes", "frames"):
+        value = entry.get(name)
+        if value is not None and _CONTROL.search(value):  # a NUL cannot be opened; others forge log lines
+            raise ManifestError(f"{where}: shard entry {i}: {name} {value!r} holds a control character",
+                                reason="manifest_url")
     return ShardInfo(url=url, samples=samples, bytes=size, sha256=entry.get("sha256"),
                      index=entry.get("index"), sizes=entry.get("sizes"),
                      compression=entry.get("compression"), frames=entry.get("frames"))

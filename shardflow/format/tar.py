@@ -24,7 +24,7 @@ import numpy as np
 from .. import fastpath
 from ..errors import SampleError, ShardFormatError
 from .headers import BLOCK
-from .keys import split_name
+from .keys import KeySet, split_name
 from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
@@ -104,7 +104,7 @@ def iter_samples(
     """
     if limit is not None and limit <= 0:
         return
-    closed: set[str] = set()
+    closed = KeySet()  # memory per key bounded, whatever its length
     bounds, at_start = _bounds(starts)
     key: str | None = None
     fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
@@ -185,7 +185,7 @@ def iter_samples(
 
 
 def _grouped(
-    run: SampleRun, key: str | None, fields: Any, offset: int, closed: set[str]
+    run: SampleRun, key: str | None, fields: Any, offset: int, closed: KeySet
 ) -> tuple[int, Iterator[tuple[str, int, Any]], str, Any, int] | None:
     """The samples that a grouped run completes, for :func:`iter_samples`.
 
@@ -302,7 +302,7 @@ def scan_shard(
     keys: list[str] = []
     offsets: list[int] = []
     fields: dict[str, int] = {}
-    seen: set[str] = set()
+    seen = KeySet()
     current: set[str] = set()
     gen = iter_members(chunks, url, 0, limits=limits)
     while True:

@@ -5,7 +5,10 @@ node id 1e8 makes PyG infer 1e8 nodes (gigabytes at collate time), and 2**62
 overflows the batch increments. Every decoded graph is checked here before it
 is returned: node counts (declared ``num_nodes``, or implied by the largest id
 in an ``edge_index``) and edge counts within the limits, ids non-negative and
-below the node count of their store.
+below the node count of their store, and every declared size that PyG allocates by
+(an ``EdgeIndex``'s ``sparse_size``, an ``Index``'s ``dim_size``: a 390-byte graph
+whose ``sparse_size`` says 2**25 was 2.4 GB at collate) within the node limit and,
+where the store declares its nodes, within them.
 """
 
 from __future__ import annotations
@@ -113,3 +116,47 @@ def check_graph(graph: Any, *, max_nodes: int = MAX_GRAPH_NODES, max_edges: int 
             src = dst = nodes.get(None)
             where = "edge_index"
         _check_edges(value, src, dst, where, max_nodes, max_edges)
+    for store in stores:
+        key = getattr(store, "_key", None)
+        if isinstance(key, tuple):
+            sides = (nodes.get(key[0]), nodes.get(key[2]))
+            prefix = f"{key!r}."
+        else:
+            sides = (nodes.get(key),) * 2
+            prefix = "" if key is None else f"{key!r}."
+        for name, value in store._mapping.items():
+            _check_sizes(value, f"{prefix}{name}", sides, max_nodes)
+
+
+def _check_sizes(value: Any, where: str, nodes: tuple[int | None, int | None], max_nodes: int, depth: int = 0) -> None:
+    """The sizes an ``EdgeIndex`` or ``Index`` declares (in lists and dicts too): counts of
+    at most ``max_nodes``, and at most the store's nodes where it declares them."""
+    if depth > 8:  # the schema's own nesting is bounded by its JSON; values deeper hold no sizes PyG uses
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_sizes(item, f"{where}[{i}]", nodes, max_nodes, depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            _check_sizes(item, f"{where}[{k!r}]", nodes, max_nodes, depth + 1)
+        return
+    if not isinstance(value, torch.Tensor):
+        return
+    sparse = getattr(value, "sparse_size", None)
+    if callable(sparse) and hasattr(value, "sort_order"):  # torch_geometric.EdgeIndex
+        for side, size in enumerate(sparse()):
+            _check_size(size, f"{where}: sparse_size", nodes[side], max_nodes)
+    elif hasattr(value, "dim_size") and hasattr(value, "is_sorted"):  # torch_geometric.Index
+        _check_size(value.dim_size, f"{where}: dim_size", None, max_nodes)
+
+
+def _check_size(size: Any, where: str, nodes: int | None, max_nodes: int) -> None:
+    if size is None:
+        return
+    if type(size) is not int or size < 0:
+        raise ValueError(f"{where} {size!r} is not a count")
+    if size > max_nodes:
+        raise ValueError(f"{where} {size} is over the limit of {max_nodes} (DecodeOptions.max_graph_nodes)")
+    if nodes is not None and size > nodes:
+        raise ValueError(f"{where} {size} is more than the graph's {nodes} nodes")

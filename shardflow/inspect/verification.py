@@ -52,12 +52,12 @@ def _load_index(task: _VerifyTask) -> tuple[Any, FrameTable | None, Problem | No
     frames = None
     if task.frames_url is not None:
         try:
-            data = b"".join(storage.iter_chunks(task.frames_url, 0, None, task.io))
+            data = storage.read_small(task.frames_url, task.io, "frame table")
             frames = decode_frames(data, task.frames_url, task.info.bytes, task.io.limits)
         except ShardflowError as e:
             return None, None, Problem(task.url, None, e.reason, f"frame table {task.frames_url}: {strip_url(str(e), task.frames_url)}")
     try:
-        data = b"".join(storage.iter_chunks(task.index_url, 0, None, task.io))
+        data = storage.read_small(task.index_url, task.io, "offset index")
     except ShardflowError as e:
         return None, frames, Problem(task.url, None, "offset_index", f"offset index {task.index_url} unreadable: {e}")
     try:

@@ -42,15 +42,17 @@ from __future__ import annotations
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_chunks
 
 from . import fork  # noqa: F401 - registers the fork hooks
-from .errors import DestinationLockedError, RemoteWriteError, ShardChangedError, ShardNotFoundError
+from .errors import DestinationLockedError, NotRegularFileError, RemoteWriteError, ShardChangedError, ShardNotFoundError, SymlinkError
 from .filesystems import filesystem
 from .framed import open_framed, read_framed_range
 from .listing import expand_urls, list_glob
 from .metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
-from .output import commit_staged, open_output, open_staged, start_writeback, sync_directory
+from .output import commit_staged, create_file, open_output, open_staged, refuse_symlink, start_writeback, sync_directory
 from .read_ahead import readahead
-from .reading import is_compressed, iter_chunks, read_range
+from .reading import is_compressed, iter_chunks, read_range, read_small
+from .readers import open_regular, regular_fd
+from .redirects import MAX_REDIRECTS, RedirectError
 from .staging import staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
@@ -62,6 +64,8 @@ __all__ = [
     "RemoteWriteError",
     "ShardChangedError",
     "ShardNotFoundError",
+    "NotRegularFileError",
+    "SymlinkError",
     "ZSTD_MAGIC",
     "decompressing_chunks",
     "exists",
@@ -81,6 +85,13 @@ __all__ = [
     "open_output",
     "DestinationLockedError",
     "read_range",
+    "MAX_REDIRECTS",
+    "RedirectError",
+    "create_file",
+    "refuse_symlink",
+    "open_regular",
+    "regular_fd",
+    "read_small",
     "readahead",
     "start_writeback",
     "sync_directory",

@@ -4,6 +4,7 @@ processes, evicted least recently used first."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -12,10 +13,12 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import BinaryIO
 
-from shardflow.errors import RemoteReadError
+from shardflow.errors import RemoteReadError, redact
 
-from .filesystems import filesystem, fresh_info, object_identity
+from .errors import ShardChangedError
+from .filesystems import filesystem, fresh_info, has_validator, object_identity
 from .options import IOOptions
 from .reading import retried_chunks
 from .retries import call_with_retries
@@ -86,19 +89,20 @@ class ShardCache:
         return os.path.join(self.root, f"{key}-{name}")
 
     @contextlib.contextmanager
-    def entry(self, url: str, options: IOOptions) -> Iterator[str | None]:
+    def entry(self, url: str, options: IOOptions, sha256: str | None = None) -> Iterator[str | None]:
         """Yield the local path of ``url``'s cached copy (downloading it if needed),
         held in use until exit; ``None`` when it cannot be cached (no size reported,
-        larger than the limit, or no room left beside shards in use)."""
+        larger than the limit, no room left beside shards in use, a full disk, or
+        neither ``sha256`` nor a validator to check a copy by: see :func:`cacheable`)."""
         import fcntl
 
         fs, path = filesystem(url, options)
         info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path, options.request_timeout))
         size = info.get("size")
-        if size is None or size > self.limit:
+        identity = object_identity(info)
+        if size is None or size > self.limit or not cacheable(self.root, identity, sha256):
             yield None
             return
-        identity = object_identity(info)
         key = self.key(url, identity)
         data = self._data_path(key, url)
         lock_path = os.path.join(self.root, ".locks", key)
@@ -112,7 +116,7 @@ class ShardCache:
                 self._release(lock_fd, lock_path)
                 lock_fd = self._lock(lock_path, fcntl.LOCK_EX)
                 if not self._present(data, size) and not self._download(
-                    url, key, data, size, identity, options
+                    url, key, data, size, identity, options, sha256
                 ):
                     yield None
                     return
@@ -198,7 +202,7 @@ class ShardCache:
             os.close(fd)
 
     def _download(self, url: str, key: str, data: str, size: int,
-                  identity: Mapping[str, str], options: IOOptions) -> bool:
+                  identity: Mapping[str, str], options: IOOptions, sha256: str | None = None) -> bool:
         import fcntl
 
         with self._global_lock():
@@ -211,11 +215,10 @@ class ShardCache:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks the download alive for _make_room
         try:
-            with os.fdopen(os.dup(fd), "wb") as out:
-                for chunk in retried_chunks(url, 0, None, options, expect=identity):
-                    out.write(chunk)
-                out.flush()
-                written = out.tell()
+            written = fill(tmp, fd, url, options, identity, sha256)
+            if written is None:  # the cache's disk is full
+                os.unlink(tmp)
+                return False
             if written != size:
                 raise RemoteReadError(f"caching {url}: got {written} bytes, expected {size}")
             os.replace(tmp, data)
@@ -300,9 +303,69 @@ class ShardCache:
 
 
 def cached_chunks(url: str, start: int, end: int | None, options: IOOptions,
-                   check_size: Callable[[int], None] | None) -> Iterator[bytes]:
+                   check_size: Callable[[int], None] | None, sha256: str | None = None) -> Iterator[bytes]:
     """The bytes ``[start, end)`` of ``url`` served from its cached local copy
-    (downloaded first when missing), or streamed when it cannot be cached."""
+    (downloaded first when missing, and checked against ``sha256``, the manifest's
+    digest, when given), or streamed when it cannot be cached."""
     cache = ShardCache(options.cache_dir, options.cache_limit)
-    with cache.entry(url, options) as local:
-        yield from retried_chunks(local if local is not None else url, start, end, options, check_size=check_size)
+    with cache.entry(url, options, sha256) as local:
+        if local is not None:
+            yield from retried_chunks(local, start, end, options, check_size=check_size)
+        else:
+            yield from retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
+
+
+# ------------------------------------------------------------ what a fill may be trusted with
+
+_FULL_FOR = 60.0  # seconds a cache whose disk was full is not filled again (in this process)
+_full_since: dict[str, float] = {}
+
+
+def cacheable(root: str, identity: Mapping[str, str], sha256: str | None) -> bool:
+    """Whether a copy of an object can be cached: there is something to check it by (the
+    manifest's sha256, or a validator that changes with the object: ETag, Last-Modified,
+    version; a size alone does not), and the cache's disk was not found full lately."""
+    if sha256 is None and not has_validator(identity):
+        return False
+    since = _full_since.get(root)
+    return since is None or time.monotonic() - since > _FULL_FOR
+
+
+def write_fill(out: BinaryIO, chunk: bytes) -> None:
+    """Write a chunk of a fill (one call, so tests can make the disk full)."""
+    out.write(chunk)
+
+
+def fill(tmp: str, fd: int, url: str, options: IOOptions, identity: Mapping[str, str],
+         sha256: str | None) -> int | None:
+    """Download ``url`` into the cache's temporary ``tmp`` (open as ``fd``), checking the
+    bytes against ``sha256``; returns the bytes written, or None when the disk is full
+    (ENOSPC/EDQUOT: warned once per cache directory, the shard is then read uncached).
+
+    Raises:
+        ShardChangedError: the bytes do not hash to ``sha256`` (nothing is cached).
+    """
+    hasher = hashlib.sha256() if sha256 else None
+    root = os.path.dirname(tmp)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            for chunk in retried_chunks(url, 0, None, options, expect=identity):
+                write_fill(out, chunk)
+                if hasher is not None:
+                    hasher.update(chunk)
+            out.flush()
+            written = out.tell()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if root not in _full_since:
+            logger.warning("shard cache %s: no space left on its disk (%s); reading %s and the next shards "
+                           "uncached", root, e.strerror, redact(url))
+        _full_since[root] = time.monotonic()
+        return None
+    if hasher is not None and hasher.hexdigest() != sha256:
+        raise ShardChangedError(
+            f"{url}: its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: the object changed "
+            "since it was indexed (not cached)"
+        )
+    return written

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from shardflow.errors import RemoteReadError, ShardflowError
 
-__all__ = ["DestinationLockedError", "RemoteWriteError", "ShardChangedError", "ShardNotFoundError", "ShortReadError"]
+__all__ = [
+    "DestinationLockedError", "NotRegularFileError", "RemoteWriteError", "ShardChangedError", "ShardNotFoundError",
+    "ShortReadError", "SymlinkError",
+]
 
 
 class ShardNotFoundError(RemoteReadError, FileNotFoundError):
@@ -27,3 +30,17 @@ class DestinationLockedError(ShardflowError, OSError):
 
 class ShortReadError(OSError):
     """The stream ended before the expected end of the range (transient)."""
+
+
+class NotRegularFileError(ShardflowError, OSError):
+    """A local shard, index or manifest is a FIFO, a device or a socket, not a regular file
+    (reading one could block forever, or never end)."""
+
+    default_reason = "not_regular_file"
+
+
+class SymlinkError(ShardflowError, OSError):
+    """A file a writer creates in its destination is a symlink there (it is never followed)."""
+
+    default_reason = "symlink"
+

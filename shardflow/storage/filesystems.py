@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardflow.errors import missing_dependency
 
 from .options import IOOptions
+from .redirects import redirect_options
 from .urls import LOCAL_PROTOCOLS, protocol
 
 if TYPE_CHECKING:  # imported where a filesystem is made (not by local work)
@@ -128,6 +129,8 @@ def filesystem(url: str, options: IOOptions) -> tuple[fsspec.AbstractFileSystem,
         if proto in ("s3", "s3a"):
             with contextlib.suppress(ImportError):  # (without s3fs: the install hint below)
                 kwargs = _with_shared_session(kwargs)
+        elif proto in ("http", "https"):
+            kwargs = redirect_options(kwargs, options.cross_host_redirects)
     try:
         return url_to_fs(url, **kwargs)
     except ImportError as exc:

@@ -22,6 +22,7 @@ import re
 import socket
 
 from .errors import DestinationLockedError
+from .output import create_file
 
 __all__ = ["LOCK_NAME", "DestinationLock", "remove_stale_temporaries"]
 
@@ -48,7 +49,7 @@ class DestinationLock:
     def acquire(self) -> DestinationLock:
         os.makedirs(self.folder, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = create_file(self.path, truncate=False)  # never through a symlink planted there
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
+from ..errors import redacted_repr
 
 if TYPE_CHECKING:
     from .staging import StagingScope
@@ -19,7 +20,7 @@ MAX_BACKOFF = 10.0
 """Seconds; the retry delay doubles from ``IOOptions.backoff`` up to this."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class IOOptions:
     """How shards are read and written.
 
@@ -73,6 +74,11 @@ class IOOptions:
             the disk used is at most this plus 8 MiB per open shard part.
         staging_scope: set by :class:`~shardflow.ShardDataset` in each DataLoader
             worker (which rank, epoch and worker reads); leave it ``None``.
+        cross_host_redirects: follow HTTP redirects to another host (scheme,
+            host or port), without the URL's credentials, ``Authorization``,
+            cookies or custom headers. Off by default: such a redirect is a
+            ``RedirectError``. Redirects on the same host are followed, at most
+            :data:`~shardflow.storage.redirects.MAX_REDIRECTS` per request.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -90,6 +96,7 @@ class IOOptions:
     staging_dir: str | None = None
     staging_limit: int = 2 << 30
     staging_scope: StagingScope | None = field(default=None, repr=False)
+    cross_host_redirects: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -112,8 +119,9 @@ class IOOptions:
             if not isinstance(staging_dir, str) or not staging_dir:
                 raise ValueError(f"staging_dir must be a non-empty local path, got {self.staging_dir!r}")
             object.__setattr__(self, "staging_dir", staging_dir)
-        if not isinstance(self.trust_manifest_urls, bool):
-            raise TypeError(f"trust_manifest_urls must be a bool, got {self.trust_manifest_urls!r}")
+        for name in ("trust_manifest_urls", "cross_host_redirects"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be a shardflow.format.limits.Limits, got {self.limits!r}")
         for name in ("request_timeout", "part_deadline"):
@@ -132,6 +140,9 @@ class IOOptions:
                     f"cache_dir must be a non-empty local path, got {self.cache_dir!r}"
                 )
             object.__setattr__(self, "cache_dir", cache_dir)
+
+    def __repr__(self) -> str:  # never shows a secret (shardflow.errors)
+        return redacted_repr(self)
 
 
 DEFAULT_OPTIONS = IOOptions()

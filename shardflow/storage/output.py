@@ -12,14 +12,15 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from shardflow.errors import ShardflowError
+from shardflow.errors import ShardflowError, redact_cause
 
-from .errors import RemoteWriteError
+from .errors import RemoteWriteError, SymlinkError
 from .filesystems import filesystem
 from .options import DEFAULT_OPTIONS, IOOptions
 from .urls import is_local, local_path, protocol
 
-__all__ = ["open_output", "open_staged", "commit_staged", "start_writeback", "sync_directory"]
+__all__ = ["create_file", "open_output", "open_staged", "commit_staged", "refuse_symlink", "start_writeback",
+           "sync_directory"]
 
 # Stores where one PUT makes the whole object appear at once (never a partial one).
 _ATOMIC_PUT_PROTOCOLS = frozenset(
@@ -76,7 +77,7 @@ def open_output(url: str, options: IOOptions = DEFAULT_OPTIONS, *, sync_dir: boo
         except ShardflowError:
             raise
         except Exception as exc:
-            raise RemoteWriteError(f"writing {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise RemoteWriteError(f"writing {url} failed: {type(exc).__name__}: {exc}") from redact_cause(exc)
         finally:
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)
@@ -85,13 +86,40 @@ def open_output(url: str, options: IOOptions = DEFAULT_OPTIONS, *, sync_dir: boo
             os.unlink(tmp)
 
 
+def refuse_symlink(path: str) -> None:
+    """Raise :class:`SymlinkError` if ``path`` is a symlink (a writer never writes through one,
+    nor silently replaces one that someone planted in its destination)."""
+    if os.path.islink(path):
+        raise SymlinkError(
+            f"{path} is a symlink; a writer creates its files in the destination itself and never "
+            "follows a link there: remove it, or write elsewhere"
+        )
+
+
+def create_file(path: str, *, truncate: bool) -> int:
+    """Open (creating if needed) a local file of a writer's destination for writing, as a
+    descriptor, never through a symlink (``O_NOFOLLOW``).
+
+    Raises:
+        SymlinkError: ``path`` is a symlink (its target is left as it is).
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_TRUNC if truncate else 0)
+    try:
+        return os.open(path, flags, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            refuse_symlink(path)
+        raise RemoteWriteError(f"creating {path} failed: {e}") from e
+
+
 def _temporary(path: str) -> tuple[str, str, int]:
     """``(folder, temporary path, locked descriptor)`` of a new temporary beside ``path``."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
+    refuse_symlink(path)  # the final name: a link planted there is refused, not replaced
     tmp = os.path.join(parent, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     # os.open with 0o666 honours the umask, unlike mkstemp's 0o600
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
     # held while the file is written: a temporary nobody holds is a crashed writer's (storage.locks)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return parent, tmp, fd

@@ -10,13 +10,13 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from shardflow.errors import RemoteReadError, ShardflowError
+from shardflow.errors import ManifestError, RemoteReadError, ShardflowError, redact, redact_cause
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
 from .errors import ShardChangedError, ShortReadError
 from .filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
-from .readers import LocalReader, open_reader
+from .readers import LocalReader, open_reader, open_regular
 from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay
 from .urls import is_local, local_path
 
@@ -134,10 +134,10 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                 if fatal is exc:
                     raise  # not about the store (a bug, or torch's dead-worker RuntimeError)
                 if fatal is not None:
-                    raise fatal from exc
+                    raise fatal from redact_cause(exc)
                 failures += 1
                 if failures > options.retries:
-                    raise read_error(url, offset, exc, failures) from exc
+                    raise read_error(url, offset, exc, failures) from redact_cause(exc)
                 if reader is not None:
                     with contextlib.suppress(Exception):
                         reader.close()
@@ -146,7 +146,7 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
                 waited += time.monotonic() - began + wait
                 _check_deadline(url, start, stop, offset, waited, options, exc)
                 logger.warning("reading %s failed at byte %d (%s: %s); reopening, retry %d/%d "
-                               "in %.2fs", url, offset, type(exc).__name__, exc, failures,
+                               "in %.2fs", redact(url), offset, type(exc).__name__, redact(str(exc)), failures,
                                options.retries, wait)
                 time.sleep(wait)
                 continue
@@ -191,7 +191,7 @@ def _check_deadline(url: str, start: int, stop: int | None, offset: int, waited:
     raise RemoteReadError(
         f"reading {url} from byte {start} to {end}: reached byte {offset} only, after {waited:.1f} s of "
         f"waiting on the store, past the deadline of {options.part_deadline:g} s (IOOptions.part_deadline){cause}"
-    ) from exc
+    ) from redact_cause(exc)
 
 
 def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTIONS) -> bytes:
@@ -209,7 +209,7 @@ def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTI
         path = local_path(url)
 
         def read_local() -> bytes:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(path) as f:
                 f.seek(start)
                 parts, want = [], end - start
                 while want:
@@ -241,3 +241,30 @@ def is_compressed(url: str, options: IOOptions = DEFAULT_OPTIONS) -> bool:
     """Whether an object starts with the gzip or zstd magic bytes."""
     magic = read_range(url, 0, 4, options)
     return magic.startswith(GZIP_MAGIC) or magic.startswith(ZSTD_MAGIC)
+
+
+def read_small(url: str, options: IOOptions = DEFAULT_OPTIONS, what: str = "manifest") -> bytes:
+    """Read a whole manifest, journal, conversion record or index, within
+    ``options.limits.max_manifest_bytes`` (an endless or huge body stops there).
+
+    Memory: the cap plus one chunk (``options.block_size``).
+
+    Raises:
+        ManifestError: the object is larger than the cap (names the option).
+        FileNotFoundError, ShardflowError: as :func:`iter_chunks`.
+    """
+    cap = options.limits.max_manifest_bytes
+    out = bytearray()
+    chunks = iter_chunks(url, 0, None, options)
+    try:
+        for chunk in chunks:
+            if len(out) + len(chunk) > cap:
+                raise ManifestError(
+                    f"{url} is larger than {cap} bytes (Limits.max_manifest_bytes), too large for a {what}",
+                    reason="manifest_too_large",
+                )
+            out += chunk
+    finally:
+        chunks.close()
+    return bytes(out)
+

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from shardflow.errors import RemoteReadError, ShardflowError
+from shardflow.errors import RemoteReadError, ShardflowError, redact, redact_cause
 
 from .errors import ShardNotFoundError
 from .options import MAX_BACKOFF, IOOptions
@@ -26,8 +26,21 @@ def _http_errors() -> tuple[type[BaseException], ...]:
     return (client.HTTPException,) if client is not None else ()
 
 
+def shardflow_cause(exc: BaseException) -> ShardflowError | None:
+    """The first :class:`ShardflowError` in ``exc``'s cause chain (fsspec wraps the errors our
+    hooks raise, such as a refused redirect, in a ``FileNotFoundError``), or None."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, ShardflowError):
+            return exc
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed read is worth retrying after reopening."""
+    if shardflow_cause(exc) is not None:
+        return False  # named already: a refused redirect, a changed object
     if isinstance(exc, FileNotFoundError):
         # fsspec's HTTP info() reports any failure, a 503 too, as FileNotFoundError
         cause = exc.__cause__
@@ -76,8 +89,9 @@ def retry_delay(options: IOOptions, failures: int) -> float:
 
 def read_error(url: str, offset: int, exc: BaseException, failures: int) -> ShardflowError:
     """The error to raise for a read of ``url`` that cannot go on."""
-    if isinstance(exc, ShardflowError):
-        return exc
+    cause = shardflow_cause(exc)
+    if cause is not None:
+        return cause
     if isinstance(exc, FileNotFoundError) and not is_transient(exc):
         return ShardNotFoundError(f"shard not found: {url}")
     if failures:
@@ -100,11 +114,11 @@ def call_with_retries(url: str, offset: int, options: IOOptions, fn):
             if not is_transient(exc):
                 if not is_io_error(exc):
                     raise
-                raise read_error(url, offset, exc, 0) from exc
+                raise read_error(url, offset, exc, 0) from redact_cause(exc)
             failures += 1
             if failures > options.retries:
-                raise read_error(url, offset, exc, failures) from exc
+                raise read_error(url, offset, exc, failures) from redact_cause(exc)
             wait = retry_delay(options, failures)
             logger.warning("reading %s at byte %d failed (%r); retry %d/%d in %.2fs",
-                           url, offset, exc, failures, options.retries, wait)
+                           redact(url), offset, redact(repr(exc)), failures, options.retries, wait)
             time.sleep(wait)

@@ -49,7 +49,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         # (measured: ~20% of raw iteration time spent waiting on its queue).
         return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     if options.cache_dir is not None:
-        source = cached_chunks(url, start, end, options, check_size)
+        source = cached_chunks(url, start, end, options, check_size, sha256)
     elif options.staging_scope is not None:  # the rank's workers share the fetches, in threads of their own
         return staged_chunks(url, start, end, options, check_size, sha256)
     else:

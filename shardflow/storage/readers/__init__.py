@@ -13,11 +13,11 @@ from ..options import IOOptions
 from .gcs import GCSReader, is_gcs
 from .generic import FileReader
 from .http import HTTPReader
-from .local import LocalReader
+from .local import LocalReader, open_regular, regular_fd
 from .memory import MemoryReader
 from .s3 import S3Reader, is_s3
 
-__all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader"]
+__all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader", "open_regular", "regular_fd"]
 
 
 def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
