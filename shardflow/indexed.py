@@ -240,6 +240,8 @@ class IndexedShardDataset(Dataset):
             raise storage.ShardNotFoundError(f"shard not found: {url}") from e
         entry = _Shard(offsets, fd)
         try:
+            if fd is not None:
+                _check_size(self.source, shard, os.fstat(fd).st_size)
             entry.frames = self.source.load_frames(shard, self.io)
             if entry.frames is not None:
                 return entry
@@ -332,6 +334,20 @@ class IndexedShardDataset(Dataset):
         if self.transform is not None:
             return self.transform(sample)
         return sample
+
+
+def _check_size(source: Any, shard: int, size: int) -> None:
+    """Refuse a local shard longer than the manifest lists (replaced since it was
+    indexed): its offsets would address other samples than the ones listed, as
+    the streaming reader refuses it (shorter is a truncation, found on read)."""
+    manifest = source.manifest
+    listed = manifest.shards[shard].bytes if manifest is not None else -1
+    if 0 <= listed < size:
+        raise ManifestError(
+            f"{source.urls[shard]}: the shard has {size} bytes but the manifest lists {listed}: it changed since "
+            "the manifest was written (re-run `shardflow index`, or restore the shard)",
+            reason="changed_shard",
+        )
 
 
 def _compressed_message(url: str, n: int) -> str:
