@@ -42,3 +42,42 @@ def test_random_access_refuses_a_shard_replaced_by_a_longer_one(tmp_path: Path) 
     with pytest.raises(ManifestError, match=r"s-000001\.tar: the shard has 672768 bytes") as info:
         ds[45]
     assert info.value.reason == "changed_shard"
+
+
+def _classlabel_parquet(path: Path, labels: list[int]) -> None:
+    import io
+    import json
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, "PNG")
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["cat", "dog"]}}
+    schema = pa.schema([("image", image), ("label", pa.int64())],
+                       metadata={b"huggingface": json.dumps({"info": {"features": features}}).encode()})
+    rows = [{"bytes": buf.getvalue(), "path": f"{i}.png"} for i in range(len(labels))]
+    pq.write_table(pa.table({"image": pa.array(rows, image), "label": pa.array(labels, pa.int64())}, schema=schema), path)
+
+
+@pytest.mark.parametrize("bad", [2, 7, -2])
+def test_parquet_classlabel_out_of_range_is_an_error(tmp_path: Path, bad: int) -> None:
+    """A ClassLabel column with names [cat, dog]: label 7 was stored as cls 7 beside
+    class_to_idx {cat: 0, dog: 1}, a class no name maps to."""
+    from shardflow.convert.parquet import convert_parquet
+    from shardflow.errors import ConversionError
+
+    _classlabel_parquet(tmp_path / "t.parquet", [0, 1, bad])
+    with pytest.raises(ConversionError, match=rf"row 2, key 000000002\): column 'label': label {bad} is not one of"):
+        convert_parquet(str(tmp_path / "t.parquet"), str(tmp_path / "out"))
+
+
+def test_parquet_classlabel_minus_one_is_kept(tmp_path: Path) -> None:
+    """-1 is Hugging Face's "no label" (test splits): still converted, as cls -1."""
+    from shardflow.convert.parquet import convert_parquet
+
+    _classlabel_parquet(tmp_path / "t.parquet", [1, -1])
+    convert_parquet(str(tmp_path / "t.parquet"), str(tmp_path / "out"))
+    assert [s["cls"] for s in ShardDataset(str(tmp_path / "out"), decode=None)] == [b"1", b"-1"]

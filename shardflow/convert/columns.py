@@ -279,8 +279,9 @@ def encode_value(c: Column, key: str, value: Any, where: str) -> tuple[str, byte
 
     Raises:
         ConversionError: an image value that is not an image, of another format
-            than the field allows, or not embedded; a value the field's codec
-            cannot encode.
+            than the field allows, or not embedded; a ``ClassLabel`` value that
+            names no class (not -1 and outside ``0..len(names) - 1``); a value
+            the field's codec cannot encode.
     """
     if c.kind in ("image", "bytes"):
         if isinstance(value, Mapping):  # the struct without bytes
@@ -297,6 +298,10 @@ def encode_value(c: Column, key: str, value: Any, where: str) -> tuple[str, byte
         if fmt is None and c.per_format:
             return f"{c.field or _safe_name(c.name)}.bin", bytes(value)
         return (c.image_field(fmt) if fmt is not None else c.field), bytes(value)
+    if c.class_names is not None and isinstance(value, int) and not -1 <= value < len(c.class_names):
+        # -1 is Hugging Face's "no label" (kept as it is); any other value names no class
+        raise ConversionError(f"{where}: column {c.name!r}: label {value} is not one of the ClassLabel's "
+                              f"{len(c.class_names)} classes (0-{len(c.class_names) - 1}, or -1 for none)")
     if c.kind == "json":
         try:
             value = _jsonable(value)
