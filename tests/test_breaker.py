@@ -81,3 +81,12 @@ def test_parquet_classlabel_minus_one_is_kept(tmp_path: Path) -> None:
     _classlabel_parquet(tmp_path / "t.parquet", [1, -1])
     convert_parquet(str(tmp_path / "t.parquet"), str(tmp_path / "out"))
     assert [s["cls"] for s in ShardDataset(str(tmp_path / "out"), decode=None)] == [b"1", b"-1"]
+
+
+@pytest.mark.parametrize("name", ["7", "null", "true", "1.5"])
+def test_classes_from_a_text_list_of_one_name_that_parses_as_json(tmp_path: Path, name: str) -> None:
+    """A one-line text list "7" was taken as the JSON number 7 and refused."""
+    from shardflow.convert.imageclasses import classes_from
+
+    (tmp_path / "names.txt").write_text(f"{name}\n")
+    assert classes_from(str(tmp_path / "names.txt")) == {name: 0}

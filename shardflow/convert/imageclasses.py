@@ -89,6 +89,8 @@ def classes_from(source: str, storage_options: Mapping[str, Any] | None = None) 
     try:
         value: Any = json.loads(text)
     except ValueError:
+        value = None
+    if not isinstance(value, (list, dict)):  # a text list, even one whose single name parses as JSON ("7", "null")
         value = [line.strip() for line in text.splitlines() if line.strip()]
     if isinstance(value, dict) and value.get("format") == "shardflow":
         value = Manifest.loads(text, url=url).meta.get("class_to_idx")
