@@ -631,3 +631,31 @@ def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkey
     with pytest.raises(ConversionError, match=r"cat/b\.jpg: changed during the conversion"):
         convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1))
     assert not (tmp_path / "out" / "train-000000.tar").exists()
+
+
+@pytest.mark.slow
+def test_c15_walk_memory_is_flat_in_the_file_count(big_tree: Path) -> None:
+    """C15 "memory under 500 MB at 1M": the walk holds no listing of the tree. Python's peak
+    while walking 10 classes (10,000 files) and all 100 (100,000) differs by under 1 MiB
+    (a held list of 100,000 descriptors alone would be ~20 MiB), so 1,000 classes stay flat too."""
+    import tracemalloc
+
+    from shardflow.convert.imageclasses import ClassWalk
+    from shardflow.convert.walk import Ignored, LocalTree
+    from shardflow.format.keys import IMAGE_EXTENSIONS
+
+    classes = sorted(p.name for p in big_tree.iterdir())
+    assert len(classes) == CLASSES
+
+    def peak(n: int) -> tuple[int, int]:
+        walk = ClassWalk(LocalTree(str(big_tree)), classes[:n], list(range(n)), frozenset(IMAGE_EXTENSIONS), None, Ignored())
+        tracemalloc.start()
+        try:
+            count = sum(1 for _ in walk.descriptors())
+            return count, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    (small, small_peak), (large, large_peak) = peak(10), peak(CLASSES)
+    assert (small, large) == (10 * PER_CLASS, CLASSES * PER_CLASS)
+    assert large_peak - small_peak < 1 << 20, (small_peak, large_peak)
