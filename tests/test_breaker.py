@@ -90,3 +90,28 @@ def test_classes_from_a_text_list_of_one_name_that_parses_as_json(tmp_path: Path
 
     (tmp_path / "names.txt").write_text(f"{name}\n")
     assert classes_from(str(tmp_path / "names.txt")) == {name: 0}
+
+
+@pytest.mark.parametrize("lie", ["frames", "index"])
+def test_a_framed_shard_whose_tables_lie_is_not_called_unframed(tmp_path: Path, lie: str) -> None:
+    """One .tar.zst shard of 60 samples split over 4 ranks; its frame table's tar offsets
+    shifted by 512 (or its offset index's entry 30): rank 1-2 got "compressed shard, but the
+    manifest gives it an offset index... (compressed shards then stream whole)", advice that
+    is wrong for a framed shard. The tar reader's own error (the byte where the header is bad)
+    is the one to report."""
+    pytest.importorskip("zstandard")
+    from shardflow.errors import ShardFormatError
+
+    _write(tmp_path, 60, 100, compression="zstd")
+    if lie == "frames":
+        table = np.load(tmp_path / "s-000000.tar.zst.frames.npy")
+        table[1:-1, 0] += 512
+        np.save(tmp_path / "s-000000.tar.zst.frames.npy", table)
+    else:
+        idx = np.load(tmp_path / "s-000000.tar.zst.idx.npy")
+        idx[30] += 512
+        np.save(tmp_path / "s-000000.tar.zst.idx.npy", idx)
+    with pytest.raises(ShardFormatError) as info:
+        list(ShardDataset(str(tmp_path), decode=None, rank=2, world_size=4))
+    assert "s-000000.tar.zst" in str(info.value)
+    assert info.value.reason != "compressed_shard" and "cannot seek into a compressed stream" not in str(info.value)

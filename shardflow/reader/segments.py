@@ -124,7 +124,7 @@ def open_segment(
             raw = storage.open_framed(url, lo, hi, frames, io, check_size=check)
         else:
             raw = storage.open_chunks(url, lo, hi, io, check_size=check)
-        return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1]))
+        return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1], framed=frames is not None))
     manifest = source.manifest
     # read to the end: the manifest's digest checks the bytes where the store gives no validator
     # (a local file always has one: its size, mtime and inode, see storage.readers.local)
@@ -187,13 +187,16 @@ class _Unclosed:
 
 
 def _seek_samples(
-    raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray
+    raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray, framed: bool = False
 ) -> Iterator[Any]:
-    """Samples of the tar bytes ``[lo, hi)`` (``starts``: their offsets); a compressed shard gets an error that says so."""
+    """Samples of the tar bytes ``[lo, hi)`` (``starts``: their offsets); a compressed shard gets an error that says so
+    (not a framed one, read through its frame table: its format error is the one to report)."""
     try:
         yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=starts,
                                 walk_starts=starts)
     except ShardFormatError as e:
+        if framed:
+            raise
         try:
             compressed = storage.is_compressed(url, io)
         except Exception:  # noqa: BLE001 - the format error is the one to report
