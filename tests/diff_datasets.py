@@ -240,7 +240,7 @@ def _value(rng: random.Random, nrng: np.random.Generator, ext: str, size: int | 
         arr = _npy(rng, nrng, None if small else n)
         return arr if rng.random() < 0.7 else _npy_bytes(arr)
     if ext in ("cls", "idx"):
-        value = rng.choice((0, 1, -3, 7, 999, 2**70, rng.randint(0, 10**6)))
+        value = rng.choice((0, 1, -3, 7, 999, 2**63 - 1, -(2**63), rng.randint(0, 10**6)))  # int64, the codec's range
         return rng.choice((b"%d\n", b" %d ", b"%d")) % value if rng.random() < 0.2 else value
     if ext == "json":
         doc = _json(rng)

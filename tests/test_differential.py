@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, note, reject, settings
+from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
 from shardflow import IndexedShardDataset, ShardDataset
@@ -109,27 +109,6 @@ ACROSS_FOREIGN = Spec(seed=11, samples=5, max_count=3, layout="indexed", big=(MI
 FAST = st.sampled_from((True, False, True, False, *FAST_PATHS))
 """Fast paths all on, all off, or one of them off (tests/fastpaths.py)."""
 
-def _npy_bytearray_bug() -> bool:
-    """Whether the ``npy`` codec still fails on a bytearray (issue 21 case 2; engineer safety's fix)."""
-    import io
-
-    import numpy as np
-
-    from shardflow.codecs import decode_field
-
-    buf = io.BytesIO()
-    np.save(buf, np.zeros(3))
-    try:
-        decode_field("npy", bytearray(buf.getvalue()), DecodeOptions())
-    except Exception:  # noqa: BLE001 - any failure is the bug
-        return True
-    return False
-
-
-NPY_BYTEARRAY_BUG = _npy_bytearray_bug()
-"""While it holds, examples with ``.npy`` fields of 1 MiB or more are left out (the regression test
-below fails for them, strictly); the guard goes away by itself once the fix is on main."""
-
 _counter = itertools.count()
 
 
@@ -146,9 +125,6 @@ def dataset(spec: Spec, workdir: Path) -> Iterator[tuple[Path, list[RefSample], 
     try:
         write_dataset(spec, folder)
         samples, counts = read_dataset(folder)
-        if NPY_BYTEARRAY_BUG and any(name.rsplit(".", 1)[-1] == "npy" and len(data) >= MIB
-                                     for s in samples for name, data in s.fields.items()):
-            reject()  # see NPY_BYTEARRAY_BUG
         yield folder, samples, counts
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -509,8 +485,6 @@ def _untuple(batch: Any) -> list[tuple]:
 # --------------------------------------------------------------------------- regressions found by the suite
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 2: the cached .npy header parse hashes a bytearray; fixed in "
-                   "codecs by engineer safety (drop this mark once it is on main)")
 def test_npy_field_of_a_mib_or_more_decodes_from_a_stream(tmp_path: Path) -> None:
     """A ``.npy`` member of 1 MiB or more that spans read chunks arrives from the tar reader as a bytearray
     (never joined); its decode must not hash it (issue 21, case 2: ``TypeError: unhashable type: 'bytearray'``)."""
