@@ -25,7 +25,7 @@ bucket has no TLS).
 
 usage: python tools/bench_wan.py [--images 20000] [--latency 0.025] [--rate 20e6]
                                  [--workers 4] [--repeat 2] [--only shardflow,litdata,mosaic]
-                                 [--shardflow-workers 1,8] [--unstaged] [--peers-python PATH]
+                                 [--shardflow-workers 1,8] [--unstaged] [--compression zstd] [--peers-python PATH]
                                  [--work DIR]
 """
 
@@ -263,6 +263,9 @@ def convert(lib: str, tree: str, out: str, n: int, args: argparse.Namespace) -> 
         return
     cmd = [python_for(lib, args), os.path.join(HERE, "bench_peers.py"), "--child", "convert", "--lib", lib,
            "--tree", tree, "--data", out, "--n", str(n), "--per-shard", "1000"]
+    if lib.startswith("shardflow") and args.compression != "none":  # the CLI, as a user would
+        cmd = [sys.executable, "-m", "shardflow.cli", "convert", "imagefolder", tree, out, "--max-count", "1000",
+               "--workers", "2", "--compression", args.compression]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         shutil.rmtree(out, ignore_errors=True)
@@ -291,6 +294,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--only", default="shardflow,litdata,mosaic")
     ap.add_argument("--shardflow-workers", default="1,8", help="extra worker counts for shardflow (bytes, requests)")
+    ap.add_argument("--compression", default="none", choices=("none", "zstd"),
+                    help="shardflow's shards: plain .tar or framed .tar.zst (shardflow convert --compression)")
     ap.add_argument("--unstaged", action="store_true", help="also shardflow with IOOptions(staging=False)")
     ap.add_argument("--peers-python", default="/work/venv-peers/bin/python")
     ap.add_argument("--work", default="/tmp/shardflow-bench-wan")
@@ -309,7 +314,8 @@ def main() -> int:
     bp.ensure_tree(tree, "small", args.images)
     n = len(bp.list_tree(tree))
     image_bytes = sum(os.path.getsize(p) for p, _ in bp.list_tree(tree))
-    data = {lib: os.path.join(args.work, f"{lib}-small-{n}") for lib in libs}
+    suffix = {lib: f"-{args.compression}" if lib.startswith("shardflow") and args.compression != "none" else "" for lib in libs}
+    data = {lib: os.path.join(args.work, f"{lib}-small-{n}{suffix[lib]}") for lib in libs}
     for lib in libs:
         print(f"converting with {lib}", file=sys.stderr)
         convert(lib, tree, data[lib], n, args)
