@@ -173,7 +173,9 @@ class Iteration:
                     seeder.batch(ids[index])
 
                 batches = reader.batched(counted, sizes, b.collate, seed_batch)
-                for index, batch in (restoring(batches) if self.sample_seeding else batches):
+                # in the training process (num_workers=0), its own generators stay where it left them
+                restore = self.sample_seeding and not World.in_worker()
+                for index, batch in (restoring(batches) if restore else batches):
                     yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
             else:
                 n = skip
