@@ -41,6 +41,9 @@ MAX_LINES = 450
 MAX_FUNCTION_LINES = 100
 """Lines of a function from its ``def`` to its last line, docstring included, for every function."""
 
+MAX_BODY_LINES = 80
+"""Lines of a function's body after its docstring, for every function."""
+
 
 @dataclass
 class Module:
@@ -213,13 +216,18 @@ def test_module_size(name):
     assert lines <= MAX_LINES, f"{name} is {lines} lines (limit {MAX_LINES}): split it along its seams"
 
 
-def _functions(module: Module) -> Iterator[tuple[str, int]]:
-    """``(qualified name, lines from its def to its end)`` of every function, nested ones too."""
+def _functions(module: Module) -> Iterator[tuple[str, int, int]]:
+    """``(qualified name, lines from its def to its end, body lines after its docstring)`` of
+    every function, nested ones too."""
 
-    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, int]]:
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, int, int]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield f"{prefix}{child.name}", child.end_lineno - child.lineno + 1
+                first = child.body[0]
+                has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                           and isinstance(first.value.value, str))
+                start = child.body[1].lineno if has_doc and len(child.body) > 1 else first.lineno
+                yield (f"{prefix}{child.name}", child.end_lineno - child.lineno + 1, child.end_lineno - start + 1)
                 yield from walk(child, f"{prefix}{child.name}.")
             elif isinstance(child, ast.ClassDef):
                 yield from walk(child, f"{prefix}{child.name}.")
@@ -228,8 +236,11 @@ def _functions(module: Module) -> Iterator[tuple[str, int]]:
 
 
 def test_function_size():
-    long = {name: lines for m in GRAPH.values() for name, lines in _functions(m) if lines > MAX_FUNCTION_LINES}
+    functions = [f for m in GRAPH.values() for f in _functions(m)]
+    long = {name: lines for name, lines, _ in functions if lines > MAX_FUNCTION_LINES}
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines, def to end (split them along their seams): {long}"
+    bodies = {name: body for name, _, body in functions if body > MAX_BODY_LINES}
+    assert not bodies, f"function bodies over {MAX_BODY_LINES} lines after the docstring (split them): {bodies}"
 
 
 def test_architecture_doc_names_every_top_level_folder_module_and_layer():
