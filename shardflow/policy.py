@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import ShardflowError
 
-__all__ = ["ErrorPolicy", "ON_ERROR"]
+__all__ = ["ErrorPolicy", "ON_ERROR", "merge_snapshots"]
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +145,20 @@ class ErrorPolicy:
                 f"the pass yielded no sample: all {self.stats['skipped']} were dropped "
                 f"({dict(self.stats)}); last error: {self._last}"
             ) from self._last
+
+
+def merge_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    """Sum the workers' :meth:`ErrorPolicy.snapshot` counters; shard-level problems count each
+    shard once (several workers may read parts of the same bad shard)."""
+    total: Counter[str] = Counter()
+    shards: dict[str, set[str]] = {}
+    for stats in snapshots:
+        for key, value in stats.items():
+            if key == "bad_shards":
+                for reason, urls in value.items():
+                    shards.setdefault(reason, set()).update(urls)
+            else:
+                total[key] += value
+    for reason, urls in shards.items():
+        total[reason] = len(urls)
+    return total

@@ -33,6 +33,7 @@ __all__ = [
     "STATE_KEYS",
     "ResumePoint",
     "parse_layout",
+    "layout_position",
     "build_state",
     "check_state",
     "check_bounds",
@@ -90,6 +91,12 @@ def parse_layout(remaining: Any, kind: str) -> list[tuple[int, int]]:
             f"got {remaining!r} (a state saved by an older shardflow, or without a manifest?)"
         )
     return [(int(w), int(k)) for w, k in remaining]
+
+
+def layout_position(layout: Sequence[tuple[int, int]], world_size: int, step: int) -> list[list[int]]:
+    """The ``remaining`` entry of a sized state: the epoch's earlier ``(world size, steps)``
+    stages, then ``step`` steps taken on the current ``world_size`` ranks."""
+    return [[int(w), int(k)] for w, k in layout] + [[int(world_size), int(step)]]
 
 
 def build_state(kind: str, epoch: int, remaining: list[Any], next_worker: int, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,31 +2,10 @@
 
 What comes out, whatever was stored:
 
-* ``mode="RGB"`` (the default) gives 3 channels of uint8. Every Pillow mode is brought there:
-  ``1`` -> 0/255; ``L`` replicated; palette images (``P``, ``PA``, with or without
-  transparency) expanded through their palette; ``CMYK`` converted by Pillow's plain formula
-  (no ICC colour management); ``YCbCr``, ``LAB``, ``HSV`` converted by Pillow.
-* **Alpha is dropped, not composited** (``RGBA``, ``LA``, ``PA``, palette transparency), the
-  same as torchvision's ``read_image(..., ImageReadMode.RGB)``. Ask for ``mode="RGBA"`` to keep it.
-* **High bit depths are scaled to 0..255 from the range the file declares**, never clipped
-  (Pillow's own ``convert`` clips 16-bit values at 255):
-
-  ============================  ===================================  ======================
-  stored as                     nominal range                        8-bit value
-  ============================  ===================================  ======================
-  16-bit grey (PNG, TIFF)       0..65535 (``I;16``, ``I;16B``)       ``v >> 8``
-  16-bit RGB/RGBA/LA PNG        0..65535                             ``v >> 8`` (Pillow)
-  12-bit grey TIFF              0..4095                              ``v >> 4``
-  16-bit grey PPM/PGM           0..maxval, rescaled by Pillow to     ``v >> 8``
-                                0..65535
-  signed 16-bit grey TIFF       0..32767, negatives -> 0             ``v >> 7``
-  unsigned 32-bit grey TIFF     0..2**32-1                           ``v >> 24``
-  signed 32-bit ``I`` (TIFF     0..2**31-1, negatives -> 0           ``v >> 23``
-  and any other ``I`` source)
-  32-bit float ``F``            0.0..1.0 (the PyTorch convention     ``floor(255 * v + .5)``
-                                for float images), clamped; NaN -> 0
-  ============================  ===================================  ======================
-
+* ``mode="RGB"`` (the default) gives 3 channels of uint8, ``"RGBA"`` 4, ``"L"`` 1. Every Pillow
+  mode is brought there; alpha is dropped, not composited, and high bit depths are scaled to
+  0..255 from the range the file declares, never clipped (:mod:`shardflow.codecs.modes` has the
+  table).
 * EXIF orientation (the EXIF 2.3 ``Orientation`` tag, or ``tiff:Orientation`` in XMP) is
   applied by default, exactly as :func:`PIL.ImageOps.exif_transpose` does.
 * Multi-frame files (GIF, APNG, multi-page TIFF, animated WebP) give their first frame.
@@ -64,6 +43,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
 from shardflow.codecs.jpeg import decode_jpeg_pillow, decode_jpeg_simplejpeg, read_jpeg_header
+from shardflow.codecs.modes import is_high_bit, sample_depth, to_mode
 from shardflow.errors import DecodeError
 from shardflow.format.keys import IMAGE_EXTENSIONS
 
@@ -106,12 +86,7 @@ _ENCODERS: dict[str, tuple[str, bool]] = {
 # (the set Image.open skips over).
 _NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error)
 
-# Modes Pillow cannot convert straight to "L".
-_TO_L_VIA_RGB = frozenset({"LAB"})
-
 _ORIENTATION = ExifTags.Base.Orientation
-_TIFF_BITS_PER_SAMPLE = 258
-_TIFF_SAMPLE_FORMAT = 339  # 1 unsigned int, 2 signed int, 3 float
 
 
 def decode_image(
@@ -179,11 +154,11 @@ def decode_image(
     if img is None:
         img = _load(data, max_pixels)
         # Read the sample depth now: transposing gives a plain Image without format or TIFF tags.
-        depth = _sample_depth(img)
+        depth = sample_depth(img)
         if exif_transpose:
             img = _apply_orientation(img)
     try:
-        img = _convert(img, mode, depth)
+        img = to_mode(img, mode, depth)
     except Exception as e:
         raise DecodeError(
             f"cannot convert {img.format or 'JPEG'} image of mode {img.mode} to {mode}: {e}"
@@ -307,8 +282,8 @@ def encode_image(array_or_pil: Any, ext: str, quality: int = 95) -> bytes:
     if fmt in ("JPEG", "WEBP"):
         options["quality"] = quality
     if fmt == "JPEG":
-        if _is_high_bit(img.mode):
-            img = _convert(img, "L", _sample_depth(img))
+        if is_high_bit(img.mode):
+            img = to_mode(img, "L", sample_depth(img))
         elif img.mode not in ("1", "L", "RGB", "CMYK"):
             img = img.convert("RGB")
     out = io.BytesIO()
@@ -384,70 +359,6 @@ def _apply_orientation(img: Image.Image) -> Image.Image:
     if orientation in (2, 3, 4, 5, 6, 7, 8):
         return ImageOps.exif_transpose(img)
     return img
-
-
-def _is_high_bit(img_mode: str) -> bool:
-    return img_mode in ("I", "F") or img_mode.startswith("I;16")
-
-
-def _convert(img: Image.Image, mode: str, depth: tuple[int, bool] | None) -> Image.Image:
-    """Bring a loaded image to ``mode``; ``depth`` as from :func:`_sample_depth` for ``I`` modes."""
-    if img.mode == mode:
-        return img
-    if img.mode == "F":
-        img = _float_to_8bit(img)
-    elif depth is not None:
-        img = _int_to_8bit(img, depth)
-    elif img.mode == "P" and mode != "RGBA" and "transparency" in img.info:
-        # Alpha is dropped anyway; without this Pillow warns on every bytes-transparency image.
-        del img.info["transparency"]
-    if img.mode == mode:
-        return img
-    if mode == "L" and img.mode in _TO_L_VIA_RGB:
-        img = img.convert("RGB")
-    return img.convert(mode)
-
-
-def _float_to_8bit(img: Image.Image) -> Image.Image:
-    """Mode ``F`` (nominal range 0.0..1.0) to mode ``L``: clamp, NaN -> 0, round half up."""
-    values = np.nan_to_num(np.clip(np.asarray(img), 0.0, 1.0), nan=0.0)
-    return Image.fromarray(np.floor(values * 255.0 + 0.5).astype(np.uint8))
-
-
-def _int_to_8bit(img: Image.Image, depth: tuple[int, bool]) -> Image.Image:
-    """Mode ``I;16*`` or ``I`` to mode ``L`` by keeping the top 8 bits of the stored range.
-
-    ``depth`` is ``(bits, signed)`` of the stored samples; negative values become 0.
-    """
-    values = np.asarray(img)
-    bits, signed = depth
-    if signed:
-        values = np.maximum(values, 0)
-        bits -= 1
-    elif bits == 32:
-        values = values.view(np.uint32)  # stored unsigned, read by Pillow into int32
-    shifted = values >> max(bits - 8, 0)
-    return Image.fromarray(np.minimum(shifted, 255).astype(np.uint8))
-
-
-def _sample_depth(img: Image.Image) -> tuple[int, bool] | None:
-    """``(bits, signed)`` of the stored grey samples of an ``I;16*`` or ``I`` image, else None.
-
-    TIFF says so in its BitsPerSample and SampleFormat tags; Pillow rescales PPM/PGM samples
-    to 16 bits and opens 16-bit PNG as ``I;16``; any other ``I`` is taken as signed 32-bit.
-    """
-    if img.mode != "I" and not img.mode.startswith("I;16"):
-        return None
-    if img.format == "TIFF":
-        tags = img.tag_v2  # type: ignore[attr-defined]
-        bits = tags.get(_TIFF_BITS_PER_SAMPLE, 16 if img.mode.startswith("I;16") else 32)
-        sample_format = tags.get(_TIFF_SAMPLE_FORMAT, 1)
-        bits = bits[0] if isinstance(bits, tuple) else bits
-        sample_format = sample_format[0] if isinstance(sample_format, tuple) else sample_format
-        return int(bits), sample_format == 2
-    if img.mode.startswith("I;16") or img.format == "PPM":
-        return 16, False
-    return 32, True
 
 
 # ---------------------------------------------------------------------------------------------

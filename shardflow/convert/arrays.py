@@ -115,6 +115,39 @@ def _check_image_rows(spec: ArraySpec, fmt: str) -> None:
         )
 
 
+def _labels_of(labels: str | os.PathLike, data: ArraySpec) -> tuple[ArraySpec, str]:
+    """The labels' array and their field: ``cls`` for 1-D integers, else ``label.npy``.
+
+    Raises:
+        ConversionError: the labels have another row count than the data.
+    """
+    spec = _resolve_labels(labels, data)
+    if spec.rows != data.rows:
+        raise ConversionError(f"labels {spec.describe()} have {spec.rows} rows but {data.describe()} has {data.rows}")
+    return spec, "cls" if (spec.dtype.kind in "iu" and len(spec.shape) == 1) else "label.npy"
+
+
+def _meta(spec: ArraySpec, field: str, label_spec: ArraySpec | None, label_field: str | None) -> dict[str, Any]:
+    """The manifest's ``meta`` of an arrays conversion (see :func:`convert_arrays`)."""
+    return {
+        "converter": "arrays",
+        "source": spec.describe(),
+        "array": spec.name,
+        "dtype": _descr(spec.dtype),
+        "row_shape": list(spec.row_shape),
+        "rows": spec.rows,
+        "field": field,
+        "labels": None
+        if label_spec is None
+        else {
+            "source": label_spec.describe(),
+            "field": label_field,
+            "dtype": _descr(label_spec.dtype),
+            "row_shape": list(label_spec.row_shape),
+        },
+    }
+
+
 def _resolve_labels(labels: str | os.PathLike, data: ArraySpec) -> ArraySpec:
     """A labels path (``file``, ``file:name``), or a name inside the data's own .npz/HDF5 file."""
     text = os.fspath(labels)
@@ -217,14 +250,7 @@ def convert_arrays(
     field = as_image or "npy"
     if as_image is not None:
         _check_image_rows(spec, as_image)
-    label_spec = label_field = None
-    if labels is not None:
-        label_spec = _resolve_labels(labels, spec)
-        if label_spec.rows != spec.rows:
-            raise ConversionError(
-                f"labels {label_spec.describe()} have {label_spec.rows} rows but {spec.describe()} has {spec.rows}"
-            )
-        label_field = "cls" if (label_spec.dtype.kind in "iu" and len(label_spec.shape) == 1) else "label.npy"
+    label_spec, label_field = _labels_of(labels, spec) if labels is not None else (None, None)
     if options is None:
         options = ConvertOptions(max_count=default_max_count(spec))
     workers = 1 if client is not None else options.workers or os.cpu_count() or 1
@@ -240,23 +266,7 @@ def convert_arrays(
         _file_state(spec), _descr(spec.dtype), spec.shape, field,
         None if label_spec is None else (_file_state(label_spec), _descr(label_spec.dtype), label_spec.shape),
     )  # fmt: skip
-    meta = {
-        "converter": "arrays",
-        "source": spec.describe(),
-        "array": spec.name,
-        "dtype": _descr(spec.dtype),
-        "row_shape": list(spec.row_shape),
-        "rows": spec.rows,
-        "field": field,
-        "labels": None
-        if label_spec is None
-        else {
-            "source": label_spec.describe(),
-            "field": label_field,
-            "dtype": _descr(label_spec.dtype),
-            "row_shape": list(label_spec.row_shape),
-        },
-    }
+    meta = _meta(spec, field, label_spec, label_field)
     # one descriptor per row: a tag of the source and settings (so a resumed run never keeps
     # shards of another file or encoding) and the row number; rows are read in the workers
     descriptors = ((tag, i) for i in range(spec.rows))

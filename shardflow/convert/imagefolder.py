@@ -259,14 +259,7 @@ def convert_imagefolder(
     where = tree.url("")
     if not classes:
         raise ConversionError(f"{where}: no class folders (expected SRC/<class>/<image>, e.g. {where}/cat/0001.jpg)")
-    given: Mapping[str, int] | None = None
-    origin = "classes_from"
-    if isinstance(classes_from, (str, os.PathLike)):
-        origin = os.fspath(classes_from)
-        given = read_classes(origin, options.storage_options)
-    elif classes_from is not None:
-        value = dict(classes_from) if isinstance(classes_from, Mapping) else list(classes_from)
-        given = class_indices(value, "classes_from")
+    given, origin = _given_classes(classes_from, options.storage_options)
     class_to_idx = _class_indices(where, classes, given, origin)
     classes = list(class_to_idx)
     _check_empty(where, tree, classes, exts, client, allow_empty)
@@ -287,6 +280,20 @@ def convert_imagefolder(
         identity={"converter": "imagefolder", "source": source},
         client=client,
     )
+
+
+def _given_classes(
+    classes_from: str | os.PathLike[str] | Mapping[str, int] | list[str] | None, storage_options: Mapping[str, Any]
+) -> tuple[Mapping[str, int] | None, str]:
+    """``(class_to_idx, where it came from)`` of ``classes_from`` (None: not given); see
+    :func:`convert_imagefolder`."""
+    if isinstance(classes_from, (str, os.PathLike)):
+        origin = os.fspath(classes_from)
+        return read_classes(origin, storage_options), origin
+    if classes_from is None:
+        return None, "classes_from"
+    value = dict(classes_from) if isinstance(classes_from, Mapping) else list(classes_from)
+    return class_indices(value, "classes_from"), "classes_from"
 
 
 def _empty_classes(tree: Tree, classes: list[str], extensions: frozenset[str], client: Any) -> list[str]:

@@ -94,17 +94,11 @@ def write_shards(
 
         shardflow.write_shards(load, sorted(Path("photos").glob("*/*.jpg")), "out/", max_count=1000)
 
-    Shard boundaries (the rule that makes the output independent of ``workers``
-    and of the engine): inputs are cut into groups of ``group_size``
-    consecutive inputs (default ``max_count``), one task each. A group's
-    samples, in input order and in the order ``fn`` gives them, fill shards of
-    at most ``max_count`` samples and ``max_bytes`` bytes; a shard never holds
-    samples of two groups. Group ``g`` writes ``<prefix>-%06d.tar % g`` and, if
-    its samples need more shards, ``<prefix>-%06d_%04d.tar % (g, k)``; a group
-    with no sample writes none. So with one sample per input the shards are
-    full and numbered 0, 1, 2, ...; an ``fn`` that returns many samples per
-    input gives several shards per group (choose a smaller ``group_size``);
-    one that drops inputs gives shards with fewer samples.
+    Shard boundaries depend on the inputs and options only, never on ``workers`` or
+    the engine: each task writes a group of ``group_size`` consecutive inputs into
+    shards of its own (rule and names: :mod:`shardflow.convert.groups`). With one
+    sample per input the shards are full and numbered 0, 1, 2, ...; an ``fn`` that
+    returns many samples per input gives several per group (or lower ``group_size``).
 
     Args:
         fn: ``fn(input)`` returns one sample (a dict with ``__key__`` and fields,

@@ -1,67 +1,104 @@
-"""The loader's side of the contract with :class:`~shardflow.dataset.ShardDataset`: what
-:class:`~shardflow.loading.ShardLoader` calls to batch in workers and to start an epoch."""
+"""The dataset's side of the loader contract: :class:`~shardflow.loading.ShardLoader` sets the
+batching once, then asks for an :class:`~shardflow.dataset.epochrun.EpochRun` per epoch and
+talks to that."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from typing import Any
 
 from ..batching import Batching
-from ..state import ResumePoint
+from .epochrun import EpochRun
 
 __all__ = ["LoaderContract"]
 
+log = logging.getLogger(__name__)
+
 
 class LoaderContract:
-    """The methods :class:`~shardflow.loading.ShardLoader` drives (a mixin: the attributes
+    """The two methods :class:`~shardflow.loading.ShardLoader` calls (a mixin: the attributes
     it reads are set by the dataset's constructor)."""
 
-    def set_batching(self, batching: Batching | None) -> None:
+    def set_batching(self, batching: Batching | None, num_workers: int = 1) -> None:
         """Let DataLoader workers batch and collate (:func:`shardflow.loader` calls this);
-        None: yield samples."""
+        None: yield samples.
+
+        Args:
+            batching: the loader's batch options, or None.
+            num_workers: the loader's DataLoader workers per rank (for a warning only).
+        """
         self._batching = batching
+        if batching is not None and batching.drop_last and num_workers > 1 and not self.sized:
+            log.warning(
+                "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "
+                "per epoch, or everything when a worker holds less than one batch); write a manifest with "
+                "`shardflow index` for one drop per rank",
+                num_workers,
+            )
 
     @property
     def batching(self) -> Batching | None:
         """The loader's batching, or None when the dataset yields samples."""
         return self._batching
 
-    @property
-    def requested_epoch(self) -> int | None:
-        """The epoch given to :meth:`set_epoch` (or by a loaded state) since the last
-        loader iteration began, or None."""
-        return self._user_epoch
+    def epoch_run(
+        self, num_workers: int, *, after: EpochRun | None = None, state: Mapping[str, Any] | None = None
+    ) -> EpochRun:
+        """The loader epoch that the next loader iteration reads, not started yet.
 
-    def begin_epoch(self, epoch: int, state: Mapping[str, Any] | None, num_workers: int) -> ResumePoint | None:
-        """Start a loader iteration of ``epoch`` (:class:`~shardflow.loading.ShardLoader` calls this).
+        Its epoch is that of ``state``, else the one given to :meth:`set_epoch` since the
+        last loader epoch began, else the one after ``after``, else :attr:`epoch`.
 
         Args:
-            epoch: the epoch the iteration reads.
-            state: a checked state (:meth:`check_state`) to resume, or None.
             num_workers: reading processes per rank.
+            after: the loader's previous run, if any.
+            state: a ``"ShardLoader"`` state to resume (checked here).
 
-        Returns:
-            Where each worker resumes, or None when the epoch starts afresh.
+        Raises:
+            StateError: ``state`` is of another kind, version or configuration (each
+                difference named), or holds values no run of this dataset could save.
         """
+        resume = None
         if state is not None:
-            self._load_resume(state, num_workers)
+            self._check_state(state, "ShardLoader", num_workers)
+            epoch = int(state["epoch"])
+            resume = self._resume_of(state, num_workers)
+        elif self._user_epoch is not None:
+            epoch = self._user_epoch
+        else:
+            epoch = after.epoch + 1 if after is not None else self.epoch
+        layout = resume.layout if resume is not None else ()
+        return EpochRun(
+            epoch, num_workers, sized=self.sized, world_size=self.world().world_size, on_error=self.on_error,
+            resume=resume, loaded=state, config=partial(self._fingerprint, num_workers),
+            batches=partial(self.num_batches, num_workers, epoch, layout=layout), begin=self._begin_run,
+        )
+
+    def _begin_run(self, run: EpochRun) -> AbstractContextManager[None]:
+        """Start ``run`` here: its epoch, resume point and layout (the epoch given to
+        :meth:`set_epoch` is used up); returns the context to start the workers in."""
+        resume = run.resume
         self._user_epoch = None
-        if self._resume is None or self._resume.epoch != epoch:
-            self._resume = None
-        self._apply_epoch(epoch)
-        return self._resume
+        self._layout = (run.epoch, resume.layout) if resume is not None and resume.layout else None
+        self._resume = resume
+        self._apply_epoch(run.epoch)
+        return self._starting_workers(run)
 
     @contextmanager
-    def loader_iteration(self) -> Iterator[None]:
-        """Within it the dataset yields the loader's batch records (also in workers
-        started inside it, which carry the flag)."""
+    def _starting_workers(self, run: EpochRun) -> Iterator[None]:
+        """The DataLoader's workers started inside (forked or pickled) copy the epoch's start
+        with the flag that makes them yield batch records; later epochs start afresh."""
+        self.stats = run.stats
+        self.world()  # detect the ranks here, in the main process: workers get them with the dataset
         self._in_loader = True
         try:
             yield
         finally:
             self._in_loader = False
-
-    def workers_started(self) -> None:
-        """The workers hold their copy of the resume point: later epochs start afresh."""
-        self._resume = None
+            self._resume = None  # the workers hold their copy
+            if self.stats is not run.stats:  # a pass started in this process (num_workers=0) counts in its own
+                run.count_here(self.stats)
+                self.stats = run.stats

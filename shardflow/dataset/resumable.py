@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..selection import selection_digest
-from ..state import MAX_STREAMS, ResumePoint, build_state, check_bounds, check_state, parse_layout
+from ..state import MAX_STREAMS, ResumePoint, build_state, check_bounds, check_state, layout_position, parse_layout
 
 __all__ = ["Resumable"]
 
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 class Resumable:
     """``state_dict``/``load_state_dict`` of :class:`~shardflow.dataset.ShardDataset` and the
-    state helpers the loader uses (a mixin: the attributes it reads are set by the
+    state helpers its loader runs use (a mixin: the attributes it reads are set by the
     dataset's constructor)."""
 
     def _fingerprint(self, num_workers: int) -> dict[str, Any]:
@@ -44,8 +44,8 @@ class Resumable:
             "expand": self.expand.count if self.expand is not None else 1,
         }
 
-    def check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
-        """Refuse a state this dataset cannot resume (part of the resume contract).
+    def _check_state(self, state: Mapping[str, Any], kind: str, num_workers: int) -> None:
+        """Refuse a state this dataset cannot resume.
 
         Args:
             state: a state dict (:mod:`shardflow.state`).
@@ -80,39 +80,22 @@ class Resumable:
         progress = getattr(self, "_progress", None)
         resume = self._resume
         if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
-            return self.make_state("ShardDataset", 1, resume.epoch, self.position(resume.layout, resume.step, resume.skip[:1]), 0)
+            return self._state(resume.epoch, self._position(resume.layout, resume.step, resume.skip[:1]))
         if progress is None:
-            return self.make_state("ShardDataset", 1, int(self._control[0]) + int(self._control[1]), [], 0)
+            return self._state(int(self._control[0]) + int(self._control[1]), [])
         step0, k, skip, layout = progress
-        return self.make_state("ShardDataset", 1, self._last_epoch, self.position(layout, step0 + k, [skip + k]), 0)
+        return self._state(self._last_epoch, self._position(layout, step0 + k, skip + k))
 
-    def position(self, layout: Sequence[tuple[int, int]], step: int, skips: Sequence[int] = ()) -> list[Any]:
-        """The ``remaining`` entry of a state (:mod:`shardflow.state`).
-
-        Args:
-            layout: the epoch's earlier ``(world size, steps)`` reader.
-            step: batches (samples, iterated directly) of the current plan taken
-                by every rank.
-            skips: unsized: the units each worker stream has passed.
-
-        Returns:
-            Sized: ``[[W0, k0], ..., [W, step]]``; unsized: ``skips``.
-        """
+    def _position(self, layout: Sequence[tuple[int, int]], step: int, skip: Sequence[int] | int) -> list[Any]:
+        """The ``remaining`` entry of a direct iteration's state: sized, the layout and the
+        samples taken (``step``); unsized, the samples passed (``skip``)."""
         if not self.sized:
-            return [int(x) for x in skips]
-        return [[int(w), int(k)] for w, k in layout] + [[self.world().world_size, int(step)]]
+            return [int(x) for x in ([skip] if isinstance(skip, int) else skip)]
+        return layout_position(layout, self.world().world_size, step)
 
-    def make_state(self, kind: str, num_workers: int, epoch: int, remaining: list[Any], next_worker: int) -> dict[str, Any]:
-        """A state dict of this dataset's configuration (see :mod:`shardflow.state`).
-
-        Args:
-            kind: ``"ShardDataset"`` or ``"ShardLoader"``.
-            num_workers: reading processes per rank.
-            epoch: the epoch the state resumes.
-            remaining: per stream, what is left of the epoch (``[]``: all of it).
-            next_worker: the stream the next batch comes from.
-        """
-        return build_state(kind, epoch, remaining, next_worker, self._fingerprint(num_workers))
+    def _state(self, epoch: int, remaining: list[Any]) -> dict[str, Any]:
+        """A ``"ShardDataset"`` state dict of this dataset's configuration (:mod:`shardflow.state`)."""
+        return build_state("ShardDataset", epoch, remaining, 0, self._fingerprint(1))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration continues that epoch.
@@ -121,7 +104,7 @@ class Resumable:
             StateError: another version, or a different configuration (the
                 message lists each difference).
         """
-        self.check_state(state, "ShardDataset", 1)
+        self._check_state(state, "ShardDataset", 1)
         self._load_resume(state, 1)
         self._progress = None  # an abandoned iteration no longer names the position
 
@@ -133,24 +116,28 @@ class Resumable:
             return tuple(stages_[:-1]), stages_[-1][1]
         return tuple(stages_), 0
 
-    def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
+    def _resume_of(self, state: Mapping[str, Any], num_workers: int) -> ResumePoint | None:
+        """Where a checked state resumes on this world with ``num_workers`` workers per rank
+        (None: saved before anything was read, the epoch starts afresh)."""
         epoch = int(state["epoch"])
         remaining = state["remaining"]
-        self._apply_epoch(epoch)
-        self._user_epoch = epoch
-        self._layout = None
-        if not remaining:  # saved before anything was read: start the epoch afresh
-            self._resume = None
-            return
+        if not remaining:
+            return None
         if not self.sized:
             skip = [int(x) for x in remaining]
             j = int(state["next_worker"])
             streams = tuple((i + j) % num_workers for i in range(num_workers))
-            self._resume = ResumePoint(epoch, skip=tuple(skip[s] for s in streams), streams=streams)
-            return
+            return ResumePoint(epoch, skip=tuple(skip[s] for s in streams), streams=streams)
         stages_ = parse_layout(remaining, str(state.get("kind")))
         layout, step = self._split_layout(stages_)
         if not step and layout:
             log.info("resuming epoch %d on %d ranks after %s (world size, steps)", epoch, self.world().world_size, stages_)
-        self._layout = (epoch, layout) if layout else None
-        self._resume = ResumePoint(epoch, layout, step)
+        return ResumePoint(epoch, layout, step)
+
+    def _load_resume(self, state: Mapping[str, Any], num_workers: int) -> None:
+        epoch = int(state["epoch"])
+        resume = self._resume_of(state, num_workers)
+        self._apply_epoch(epoch)
+        self._user_epoch = epoch
+        self._layout = (epoch, resume.layout) if resume is not None and resume.layout else None
+        self._resume = resume

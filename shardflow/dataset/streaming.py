@@ -26,7 +26,7 @@ from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share,
 from ..selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..source import ShardSet, Source, SourcePart, resolve_source
-from ..state import ResumePoint, parse_layout
+from ..state import ResumePoint
 from ..transforms import map_fields
 from ..world import World
 from .contract import LoaderContract
@@ -300,21 +300,28 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
         return n
 
-    def num_batches(self, num_workers: int = 1, epoch: int | None = None, state: Mapping[str, Any] | None = None) -> int:
-        """Batches per epoch of this rank under the loader's batching (sized only).
+    def num_batches(
+        self, num_workers: int = 1, epoch: int | None = None, *, layout: tuple[tuple[int, int], ...] | None = None
+    ) -> int:
+        """Batches per epoch of this rank under the loader's batching (sized only); the
+        same for every ``num_workers``.
 
         ``epoch`` matters with cost-bounded batches, whose count depends on the
-        epoch's order (None: :attr:`epoch`), and for a resumed epoch. ``state``: a
-        checked state to be resumed; after an elastic resume (another world
-        size), the count is that of the resumed epoch's share."""
+        epoch's order (None: :attr:`epoch`), and for a resumed epoch. ``layout``: the
+        earlier ``(world size, steps)`` stages of a resumed epoch (an elastic resume,
+        :mod:`shardflow.elastic`: the count is that of the resumed share); None: those
+        of a state loaded for that epoch, if any.
+
+        Raises:
+            TypeError: no manifest.
+        """
         counts = self._item_counts()
         if counts is None:
             raise TypeError(f"unknown number of batches: {self.source.unsized_reason()}")
         split = self._split_config()
         e = self.epoch if epoch is None else epoch
-        layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
-        if state is not None and state.get("remaining") and int(state["epoch"]) == e:
-            layout = self._split_layout(parse_layout(state["remaining"], str(state.get("kind"))))[0]
+        if layout is None:
+            layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
         if split.max_cost is not None or layout:  # cost-bounded batches, or the rest of an elastic epoch
             return self.plan(e, layout=layout).num_batches
         world = self.world()

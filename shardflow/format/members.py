@@ -1,9 +1,12 @@
 """The tar member walk: the regular-file members of a tar stream, every header checked.
 
 Parses POSIX ustar, GNU (long names ``L``/``K``, base-256 sizes) and PAX
-(``x``/``g`` records) headers from an iterator of byte chunks, checks every
-header checksum and field (:mod:`.headers`), and skips directories, links and
-device nodes. Plain members (most of any shard) are walked many at a time
+(``x``/``g`` records) headers from an iterator of byte chunks, and skips
+directories, links and device nodes. Every header field is validated before it
+is used (:mod:`.headers`): the checksum, a size that must be octal digits or a
+non-negative base-256 number, the type flag (regular files, links, devices,
+directories, fifos, GNU long names and PAX records are understood; anything
+else, sparse files included, is not), and the sizes against the limits. Plain members (most of any shard) are walked many at a time
 (:mod:`.spans`) with the same checks; everything else
 goes header by header. :mod:`.tar` groups the members into samples.
 """
@@ -119,12 +122,6 @@ def member_runs(
     a single member read by the general path; consumers loop over a run with no
     generator step per member.
 
-    Every header field is validated before it is used: the checksum, a size
-    that must be octal digits or a non-negative base-256 number, the type flag
-    (regular files, links, devices, directories, fifos, GNU long names and PAX
-    records are understood; anything else, sparse files included, is not), and
-    the sizes against ``limits``.
-
     Args:
         chunks: the tar's bytes from offset ``start`` on, in chunks of any size.
         url: shard URL, used in error messages.
@@ -167,10 +164,7 @@ def member_runs(
     buf = b""
     pos = 0
     base = start  # absolute offset of buf[0]
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    global_pax: dict[str, str] = {}
-    first_offset: int | None = None  # of the first header of the member being read (extended ones included)
+    ext = _Extended()
     empty = True
     stop = end if end is not None else -1
     run = 16  # members in the next bulk run (see spans.plain_members)
@@ -184,10 +178,10 @@ def member_runs(
             if offset == stop:
                 return offset
             if len(buf) - pos < BLOCK:
-                buf, base = _refilled(it, buf, pos, base, url, start, empty, first_offset)
+                buf, base = _refilled(it, buf, pos, base, url, start, empty, ext.first_offset)
                 pos = 0
             empty = False
-            if bulk and first_offset is None and not global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
+            if bulk and ext.first_offset is None and not ext.global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
                 members, pos = spans.bulk_members(buf, pos, base, stop, limits.max_member_bytes, run, starts, grouped)
                 run = min(2 * run, spans.RUN)  # short runs first: the first sample comes soon
                 if members:
@@ -195,49 +189,98 @@ def member_runs(
                     continue
             header = buf[pos : pos + BLOCK]
             if header[0] == 0 and header == _ZERO_BLOCK:
-                if first_offset is not None:
+                if ext.first_offset is not None:
                     raise TruncatedShardError(f"{url}: end-of-archive marker at byte {offset} right after an extended header")
                 return offset
-            size, typeflag, padded = _checked_header(header, url, offset, stop, long_name, pax)
-            if typeflag in REGULAR or typeflag not in KNOWN:
-                name = member = _member_name(header, long_name, pax, global_pax, url, offset)
-                bad = member_error(typeflag, pax, name, url, offset, size, limits)
-            else:
-                name, bad = "", None
-                check_extended_size(size, typeflag, url, offset, _header_name(header, long_name, pax), limits)
+            size, typeflag, padded, member, bad = ext.header(header, url, offset, stop, limits)
             pos += BLOCK
-            if first_offset is None:
-                first_offset = offset
             if bad is not None:  # before its bytes are skipped: a caller that raises need not wait for them
-                yield ((name, first_offset, bad),)
+                yield ((member, ext.first_offset, bad),)
             keep = bad is None and typeflag not in SKIP_DATA
-            if len(buf) - pos >= padded:
-                data: bytes | bytearray | None = buf[pos : pos + size] if keep else None
-                pos += padded
-            else:  # the member runs into the next chunks: copy its bytes only, not the chunks
-                data, buf, base, pos, ok = _take(it, buf, pos, base, size, padded, keep)
-                if not ok:
-                    raise _truncated(url, header, long_name, pax, offset, size)
-                if keep and size < _BIG:
-                    data = bytes(data)  # members under 1 MiB are bytes (see the docstring)
-            if bad is not None:
-                pass
-            elif typeflag in REGULAR:
-                yield ((name, first_offset, data),)
-            elif typeflag in EXTENDED:
-                long_name, pax, global_pax, goes_on = _extended(typeflag, data, url, offset, long_name, pax, global_pax)
-                if goes_on:  # the record applies to the next header
-                    continue
-            # directories, links, devices and fifos are not samples
-            long_name = None
-            pax = {}
-            first_offset = None
+            data, buf, base, pos = _data(it, buf, pos, base, size, padded, keep, url, header, ext, offset)
+            if bad is None and typeflag in REGULAR:
+                yield ((member, ext.first_offset, data),)
+            elif bad is None and typeflag in EXTENDED and ext.applied(typeflag, data, url, offset):
+                continue  # the record applies to the next header
+            ext.clear()  # directories, links, devices and fifos are not samples
     except ShardFormatError as e:
-        if e.offset is None:  # where the damage starts: a sample boundary, if the index has it there
-            e.offset = first_offset if first_offset is not None else offset
-        if e.member is None:
-            e.member = member
+        ext.blame(e, offset, member)
         raise
+
+
+class _Extended:
+    """The header-by-header path's state: what the extended headers read so far (GNU long
+    names, PAX records) say about the next member, and where its first header starts."""
+
+    __slots__ = ("long_name", "pax", "global_pax", "first_offset")
+
+    def __init__(self) -> None:
+        self.long_name: str | None = None
+        self.pax: dict[str, str] = {}
+        self.global_pax: dict[str, str] = {}
+        self.first_offset: int | None = None  # of the member being read (extended headers included)
+
+    def header(
+        self, header: bytes, url: str, offset: int, stop: int, limits: Limits
+    ) -> tuple[int, bytes, int, str | None, SampleError | None]:
+        """``(size, typeflag, padded size, name, error)`` of the header block at ``offset``:
+        ``name`` for a regular member (or one of a type not understood, else None), ``error``
+        when that member cannot be read (its bytes are then skipped unread).
+
+        Raises:
+            ShardFormatError: a bad checksum or field, an extended header over the limit.
+        """
+        size, typeflag, padded = _checked_header(header, url, offset, stop, self.long_name, self.pax)
+        if self.first_offset is None:
+            self.first_offset = offset
+        if typeflag in REGULAR or typeflag not in KNOWN:
+            name = _member_name(header, self.long_name, self.pax, self.global_pax, url, offset)
+            return size, typeflag, padded, name, member_error(typeflag, self.pax, name, url, offset, size, limits)
+        check_extended_size(size, typeflag, url, offset, _header_name(header, self.long_name, self.pax), limits)
+        return size, typeflag, padded, None, None
+
+    def applied(self, typeflag: bytes, data: Any, url: str, offset: int) -> bool:
+        """Apply an extended header's record; True when it applies to the next header."""
+        self.long_name, self.pax, self.global_pax, goes_on = _extended(
+            typeflag, data, url, offset, self.long_name, self.pax, self.global_pax
+        )
+        return goes_on
+
+    def blame(self, error: ShardFormatError, offset: int, member: str | None) -> None:
+        """Say in ``error`` where the damage starts (the first header of the member being
+        read: a sample boundary, if the index has it there) and which member it hit."""
+        if error.offset is None:
+            error.offset = self.first_offset if self.first_offset is not None else offset
+        if error.member is None:
+            error.member = member
+
+    def clear(self) -> None:
+        """A member was read: the next one starts afresh (global PAX records stay)."""
+        self.long_name = None
+        self.pax = {}
+        self.first_offset = None
+
+
+def _data(
+    it: Iterator[bytes], buf: bytes, pos: int, base: int, size: int, padded: int, keep: bool, url: str,
+    header: bytes, ext: _Extended, offset: int,
+) -> tuple[bytes | bytearray | None, bytes, int, int]:
+    """``(data, buf, base, pos)``: the member's bytes from ``buf[pos:]`` on (None unless
+    ``keep``) and where reading goes on after its padding. A member that runs into the next
+    chunks has only its bytes copied, not the chunks (see :func:`_take`); under 1 MiB it
+    comes as ``bytes``.
+
+    Raises:
+        TruncatedShardError: the stream ends first.
+    """
+    if len(buf) - pos >= padded:
+        return (buf[pos : pos + size] if keep else None), buf, base, pos + padded
+    data, buf, base, pos, ok = _take(it, buf, pos, base, size, padded, keep)
+    if not ok:
+        raise _truncated(url, header, ext.long_name, ext.pax, offset, size)
+    if keep and size < _BIG:
+        data = bytes(data)  # members under 1 MiB are bytes (see member_runs)
+    return data, buf, base, pos
 
 
 def _refilled(

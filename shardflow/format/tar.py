@@ -104,25 +104,66 @@ def iter_samples(
     """
     if limit is not None and limit <= 0:
         return
-    closed = KeySet()  # memory per key bounded, whatever its length
-    bounds, at_start = _bounds(starts)
-    key: str | None = None
-    fields: dict[str, bytes] | SampleError | None = {}  # None: the sample's error was yielded already
-    sample_offset, count = start, 0
+    group = _Grouping(url, starts, sample_errors, limit, start)
     walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled())
     try:
         for run in walk:
-            if type(run) is SampleRun and (bounds is None or _fits(run, key, bounds)):
-                # grouped already (the common case): whole samples at once
-                got = _grouped(run, key, fields, sample_offset, closed)
-                if got is not None:
-                    n, done, key, fields, sample_offset = got
-                    if limit is not None and count + n >= limit:
-                        yield from islice(done, limit - count)
-                        return
-                    count += n
+            if type(run) is SampleRun:  # grouped already (the common case): whole samples at once
+                done = group.whole(run)
+                if done is not None:
                     yield from done
+                    if group.full:
+                        return
                     continue
+            yield from group.members(run)
+            if group.full:
+                return
+    except ShardFormatError as e:
+        if group.key is not None and type(group.fields) is dict and group.fields and _ends_sample(e, group.key, starts):
+            yield group.key, group.offset, group.fields
+        raise
+    if group.key is not None and group.fields is not None:
+        yield group.key, group.offset, group.fields
+
+
+class _Grouping:
+    """The members of a tar stream grouped into samples, run after run, for :func:`iter_samples`
+    (whose arguments ``url``, ``starts``, ``sample_errors`` and ``limit`` it takes).
+
+    Attributes:
+        key, fields, offset: the open sample: its key (None before the first), its
+            ``{field: bytes}`` (a SampleError, or None once its error was yielded) and its
+            first header's offset.
+        full: ``limit`` samples were given: stop.
+    """
+
+    def __init__(self, url: str, starts: Collection[int] | None, sample_errors: str, limit: int | None, start: int) -> None:
+        self.url, self.sample_errors, self.limit = url, sample_errors, limit
+        self.closed = KeySet()  # memory per key bounded, whatever its length
+        self.bounds, self.at_start = _bounds(starts)
+        self.key: str | None = None
+        self.fields: dict[str, bytes] | SampleError | None = {}
+        self.offset, self.count, self.full = start, 0, False
+
+    def whole(self, run: SampleRun) -> Iterator[tuple[str, int, Any]] | None:
+        """The samples a grouped run completes, or None where it must go member by member."""
+        if self.bounds is not None and not _fits(run, self.key, self.bounds):
+            return None
+        got = _grouped(run, self.key, self.fields, self.offset, self.closed)
+        if got is None:
+            return None
+        n, done, self.key, self.fields, self.offset = got
+        if self.limit is not None and self.count + n >= self.limit:
+            self.full = True
+            return islice(done, self.limit - self.count)
+        self.count += n
+        return done
+
+    def members(self, run: Iterable[Any]) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
+        """The samples that the members of ``run`` complete (and bad ones, as ``sample_errors`` says)."""
+        url, sample_errors, limit, closed, at_start = self.url, self.sample_errors, self.limit, self.closed, self.at_start
+        key, fields, sample_offset, count = self.key, self.fields, self.offset, self.count
+        try:
             for name, offset, data in run:  # a run is a list: no generator step per member
                 # key/field split as in split_name(), inlined: this loop runs once per member
                 slash = name.rfind("/") + 1
@@ -148,6 +189,7 @@ def iter_samples(
                             yield key, sample_offset, fields
                             count += 1
                             if limit is not None and count >= limit:
+                                self.full = True
                                 return
                         closed.add(key)
                     key, fields, sample_offset = k, {}, offset
@@ -165,6 +207,7 @@ def iter_samples(
                     yield k, sample_offset, data
                     count += 1
                     if limit is not None and count >= limit:
+                        self.full = True
                         return
                     fields = None
                     continue
@@ -176,12 +219,8 @@ def iter_samples(
                     fields = bad
                     continue
                 fields[field] = data
-    except ShardFormatError as e:
-        if key is not None and type(fields) is dict and fields and _ends_sample(e, key, starts):
-            yield key, sample_offset, fields
-        raise
-    if key is not None and fields is not None:
-        yield key, sample_offset, fields
+        finally:
+            self.key, self.fields, self.offset, self.count = key, fields, sample_offset, count
 
 
 def _grouped(

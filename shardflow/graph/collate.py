@@ -238,28 +238,6 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
     n = len(graphs)
     num_nodes = [_num_nodes(g, s, m, plain) for g, s, m in zip(graphs, stores, mappings)]
 
-    def repeats_for(name: str, by_num_nodes: bool) -> list | None:
-        if rules is None or not any((None, name) in r for r in rules):
-            if not by_num_nodes:
-                return [0] * n
-            if any(type(k) is not int for k in num_nodes):
-                return None
-            return num_nodes
-        out = []
-        for g, r, k in zip(graphs, rules, num_nodes):
-            rule = r.get((None, name))
-            if rule is not None:
-                if isinstance(rule[1], str):
-                    return None  # an unknown increment: PyG's path raises the error
-                out.append(rule[1])
-            elif by_num_nodes:
-                if type(k) is not int:
-                    return None
-                out.append(k)
-            else:
-                out.append(0)
-        return out
-
     out = new_batch(cls, pyg).stores_as(first)  # as PyG's collate (rules carry over)
     out_store = out._store
     slice_dict: dict[str, Any] = {}
@@ -284,7 +262,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
             rule = rules[0].get((None, name)) if rules is not None else None
             if rule is not None and rule[0] != DEFAULT_RULE:
                 cat_dim = rule[0]
-            repeats = repeats_for(name, by_num_nodes)
+            repeats = _repeats(name, by_num_nodes, rules, num_nodes)
             if repeats is None:
                 return None
             value, slices, incs = _cat_tensors(values, elem, cat_dim, repeats)
@@ -293,7 +271,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
         elif elem_type is int or elem_type is float or elem_type is bool:
             if any(type(v) not in _NUMBERS for v in values):
                 return None
-            repeats = repeats_for(name, default_rule(name)[1])
+            repeats = _repeats(name, default_rule(name)[1], rules, num_nodes)
             if repeats is None or any(type(r) is not int for r in repeats):
                 return None
             value = torch.tensor(values)
@@ -320,19 +298,51 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
             out_store._mapping[f"{name}_ptr"] = _on(slices.clone(), device)
 
     if first._store.can_infer_num_nodes:
-        counts = [k or 0 for k in num_nodes]
-        ptr = cumsum_list(counts)
-        if ptr[-1]:  # numpy: no intra-op threads (see _cat)
-            batch = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), counts))
-        else:  # (an empty one keeps torch's strides)
-            batch = torch.zeros(0, dtype=torch.int64)
-        out_store._mapping["batch"] = _on(batch, device)
-        out_store._mapping["ptr"] = _on(int64_tensor(ptr), device)
+        out_store._mapping["batch"], out_store._mapping["ptr"] = _batch_vectors(num_nodes, device)
 
     out._num_graphs = n
     out._slice_dict = slice_dict
     out._inc_dict = inc_dict
     return out
+
+
+def _repeats(name: str, by_num_nodes: bool, rules: list[dict] | None, num_nodes: list) -> list | None:
+    """Per graph, the increment of attribute ``name`` (PyG's ``__inc__``): the graph's node
+    count or 0 by the default rule, or what the graph's stored rules say (``rules``, None for
+    plain ``Data``); None where only PyG's own path can tell."""
+    n = len(num_nodes)
+    if rules is None or not any((None, name) in r for r in rules):
+        if not by_num_nodes:
+            return [0] * n
+        if any(type(k) is not int for k in num_nodes):
+            return None
+        return num_nodes
+    out = []
+    for r, k in zip(rules, num_nodes):
+        rule = r.get((None, name))
+        if rule is not None:
+            if isinstance(rule[1], str):
+                return None  # an unknown increment: PyG's path raises the error
+            out.append(rule[1])
+        elif by_num_nodes:
+            if type(k) is not int:
+                return None
+            out.append(k)
+        else:
+            out.append(0)
+    return out
+
+
+def _batch_vectors(num_nodes: list, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyG's ``batch`` (graph of each node, int64 of shape (nodes,)) and ``ptr`` (int64 of
+    shape (graphs + 1,)) vectors."""
+    counts = [k or 0 for k in num_nodes]
+    ptr = cumsum_list(counts)
+    if ptr[-1]:  # numpy: no intra-op threads (see _cat)
+        batch = torch.from_numpy(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
+    else:  # (an empty one keeps torch's strides)
+        batch = torch.zeros(0, dtype=torch.int64)
+    return _on(batch, device), _on(int64_tensor(ptr), device)
 
 
 def new_batch(cls: type, pyg: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,25 +230,7 @@ def summarize(
     has_graphs = any(codec_extension(f) == "pyg" for f in field_codecs)
     if scan is None:
         scan = m is None or (has_label and meta_counts is None) or has_graphs
-    out: dict[str, Any] = {
-        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else [p.label for p in src.parts],
-        "sources": _sources_info(src, samples_per_epoch),
-        "manifest": (m.url or ", ".join(p.manifest_url or "?" for p in src.parts)) if m is not None else None,
-        "scanned": bool(scan),
-        "shards": len(src.urls),
-        "samples": m.num_samples if m is not None else None,
-        "bytes": None,
-        "fields": {},
-        "classes": None,
-        "classes_from": None,
-        "graphs": None,
-        "first_keys": [],
-        "meta": meta,
-        "errors": [],
-    }
-    if m is not None and all(s.bytes >= 0 for s in m.shards):
-        out["bytes"] = sum(s.bytes for s in m.shards)
-    out["compression"] = _compression(m)
+    out = _facts(source, src, meta, bool(scan), samples_per_epoch)
     labels: Counter | None = None
     field_counts: Counter | None = None
     if scan:
@@ -270,12 +252,43 @@ def summarize(
     }
     counts, origin = (meta_counts, "meta") if meta_counts is not None else (labels, "samples")
     if counts:
-        names = class_names(meta)
-        out["classes"] = [
-            {"label": lab, "name": names.get(lab), "samples": int(c)}
-            for lab, c in sorted(counts.items(), key=lambda kv: _label_sort(kv[0]))
-        ]
-        out["classes_from"] = origin
+        out["classes"], out["classes_from"] = _classes(counts, class_names(meta)), origin
+    return out
+
+
+def _classes(counts: Mapping[Any, int], names: Mapping[Any, str]) -> list[dict[str, Any]]:
+    """``[{"label", "name", "samples"}]`` sorted by label."""
+    return [
+        {"label": lab, "name": names.get(lab), "samples": int(c)}
+        for lab, c in sorted(counts.items(), key=lambda kv: _label_sort(kv[0]))
+    ]
+
+
+def _facts(
+    source: Any, src: ShardSet, meta: dict[str, Any], scanned: bool, samples_per_epoch: int | None
+) -> dict[str, Any]:
+    """The summary's keys with what the manifest (if any) says (``meta``: its meta); a scan
+    fills in the rest."""
+    m = src.manifest
+    out: dict[str, Any] = {
+        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else [p.label for p in src.parts],
+        "sources": _sources_info(src, samples_per_epoch),
+        "manifest": (m.url or ", ".join(p.manifest_url or "?" for p in src.parts)) if m is not None else None,
+        "scanned": scanned,
+        "shards": len(src.urls),
+        "samples": m.num_samples if m is not None else None,
+        "bytes": None,
+        "fields": {},
+        "classes": None,
+        "classes_from": None,
+        "graphs": None,
+        "first_keys": [],
+        "meta": meta,
+        "errors": [],
+    }
+    if m is not None and all(s.bytes >= 0 for s in m.shards):
+        out["bytes"] = sum(s.bytes for s in m.shards)
+    out["compression"] = _compression(m)
     return out
 
 

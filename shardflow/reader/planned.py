@@ -125,17 +125,21 @@ def read_planned(
                 if want:
                     yield (pos, got) if positioned else got
                 continue
-            if not want:
-                continue
-            key, _, fields = item
-            if type(fields) is not dict:  # a SampleError
-                policy.handle(fields)
-                yield (pos, None) if positioned else None
-                continue
-            sample: Sample = {"__key__": key, "__url__": run_url[s], **fields}
-            yield (pos, sample) if positioned else sample
+            if want:
+                sample = _sample(item, run_url[s], policy)
+                yield (pos, sample) if positioned else sample
     finally:
         streams.close()
+
+
+def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample | None:
+    """The sample dict of a read ``(key, offset, fields)``, or None for a bad sample (``fields``
+    a SampleError, handed to ``policy``)."""
+    key, _, fields = item
+    if type(fields) is not dict:
+        policy.handle(fields)
+        return None
+    return {"__key__": key, "__url__": url, **fields}
 
 
 _MISS = object()
