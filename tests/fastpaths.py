@@ -1,8 +1,9 @@
 """Turning shardflow's fast read paths off, for tests that run every read both ways.
 
-STYLE.md asks for one switch that turns every fast variant off. Until the library has
-it, :func:`fast_paths` turns them off here, each by the one call that chooses it (so
-the general path it falls back to runs instead):
+STYLE.md asks for one switch that turns every fast variant off: the library's is
+``shardflow.fastpath`` (``SHARDFLOW_FAST_PATHS=0``). :func:`fast_paths` also turns each
+fast path off here by the one call that chooses it (so the general path it falls back
+to runs instead), so that each one can be turned off alone:
 
 - ``bulk``: the bulk tar header walk and its grouped runs (``format.spans.bulk_members``,
   which ``format.members.member_runs`` calls; the general member-by-member loop reads
@@ -12,10 +13,10 @@ the general path it falls back to runs instead):
 - ``jpeg``: the JPEG decode without ``Image.open`` (``codecs.image._load_jpeg``),
 - ``npy``: the cached ``.npy`` header parse (the ``npy`` codec: ``numpy.load`` instead).
 
-All of them off also flips the library's own switch, ``shardflow.fastpath`` (once it is
-there: ``SHARDFLOW_FAST_PATHS=0``, which also covers graph records and the worker slot
-pool); the patches stay, so that each fast path can be turned off alone and the JPEG and
-``.npy`` ones, which that switch does not cover, are off too. A name that is not found
+All of them off also flips the library's switch (which also covers graph records and
+the worker slot pool); all of them on sets it on, even in a run started with
+``SHARDFLOW_FAST_PATHS=0``, so a test that compares the two settings compares them
+there too. A name that is not found
 fails loudly (``LookupError``), so a refactor that moves a fast path cannot turn "off"
 into "on" silently. The patches are module attributes: DataLoader workers forked inside
 the ``with`` see them too.
@@ -80,27 +81,18 @@ def _off(mp: pytest.MonkeyPatch, names: Iterable[str]) -> None:
 @contextmanager
 def fast_paths(setting: FastSetting) -> Iterator[None]:
     """Within the block, shardflow's fast read paths as ``setting`` says (see :data:`FastSetting`)."""
-    if setting is True:
-        yield
-        return
+    from shardflow import fastpath
+
     with pytest.MonkeyPatch.context() as mp:
-        _off(mp, FAST_PATHS if setting is False else (setting,))
-        switch = _switch()
-        if setting is False and switch is not None:  # the library's own switch, where it has one
-            before = switch.enabled()
-            mp.setenv(switch.ENV, "0")
-            switch.set_enabled(False)
-            try:
-                yield
-            finally:
-                switch.set_enabled(before)
+        if setting is not True:
+            _off(mp, FAST_PATHS if setting is False else (setting,))
+        if setting is not True and setting is not False:  # one fast path off: the switch as it is
+            yield
             return
-        yield
-
-
-def _switch() -> Any:
-    """``shardflow.fastpath`` (engineer ``refactor``'s one switch), or None before it lands."""
-    try:
-        return importlib.import_module("shardflow.fastpath")
-    except ImportError:
-        return None
+        before = fastpath.enabled()
+        mp.setenv(fastpath.ENV, "1" if setting else "0")
+        fastpath.set_enabled(setting)
+        try:
+            yield
+        finally:
+            fastpath.set_enabled(before)
