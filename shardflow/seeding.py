@@ -21,7 +21,7 @@ DataLoader worker), and Python's through the C ``seed`` that ``random.seed`` end
 Seeding all three costs a few microseconds per sample, most of it Python's
 ``random`` (its seeding expands the seed through a 624-word ``init_by_array``);
 ``sample_seeding=("torch",)`` seeds only torch's generator, enough for torchvision's
-transforms (docs/benchmarks.md has the figures per generator).
+v2 transforms (docs/benchmarks.md has the figures per generator).
 
 A transform that prefers an explicit generator to the global ones calls
 :func:`sample_rng` (numpy) or :func:`sample_generator` (torch) while it runs:
@@ -136,14 +136,17 @@ class Seeder:
         names = generators(enabled)
         self.enabled = bool(names)
         self._which = tuple(g in names for g in GENERATORS)
-        self._sample = _prefix("sample", seed, epoch)
+        # the prefix hashed once: each key continues a copy (the digest of prefix + key, cheaper)
+        self._sample = hashlib.blake2b(_prefix("sample", seed, epoch), digest_size=8)
         self._batch = _prefix("batch", seed, epoch)
         self._rank = int(rank)
 
     def sample(self, key: str) -> None:
         """Seed the global generators for the sample ``key`` (a no-op when disabled)."""
         if self.enabled:
-            _seed_globals(_digest(self._sample, key.encode("utf-8", "surrogatepass")), self._which)
+            h = self._sample.copy()
+            h.update(key.encode("utf-8", "surrogatepass"))
+            _seed_globals(int.from_bytes(h.digest(), "little"), self._which)
 
     def batch(self, index: int) -> None:
         """Seed the global generators for batch ``index`` of this rank's epoch."""

@@ -55,9 +55,11 @@ def per_call(n: int) -> dict[str, float]:
 
         out[f"Seeder.sample(key), {'+'.join(names)}"] = best_us(run, keys)
 
-    def hashing(ks: list) -> None:
+    def hashing(ks: list, base: object = hashlib.blake2b(prefix, digest_size=8)) -> None:
         for k in ks:
-            int.from_bytes(hashlib.blake2b(prefix + k.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+            h = base.copy()
+            h.update(k.encode("utf-8", "surrogatepass"))
+            int.from_bytes(h.digest(), "little")
 
     def torch_seed(vs: list, seed: Callable[[int], object] = torch.default_generator.manual_seed) -> None:
         for v in vs:

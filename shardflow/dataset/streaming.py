@@ -101,7 +101,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             before each per-sample transform and ``expand`` (and from the batch
             before ``collate_fn``), so draws follow the sample (:mod:`shardflow.seeding`).
             True (all three), False, or the names to seed out of ``"torch"``,
-            ``"numpy"``, ``"python"`` (``("torch",)`` suits torchvision).
+            ``"numpy"``, ``"python"`` (``("torch",)`` suits torchvision v2).
         select: keep only some samples, decided at plan time: a key predicate
             ``select(key) -> bool`` or a collection of keys. Exact on every
             rank (equal sample and batch counts, each selected sample once per
