@@ -9,9 +9,19 @@ and differs between epochs. Each sample is seeded afresh, so nothing one sample
 draws leaks into the next. DESIGN.md §10.
 
 Seeds are 64-bit values from BLAKE2b over the parts (stable across machines and
-Python versions, unlike ``hash()``). The generators are seeded directly
-(``torch.default_generator.manual_seed``, not ``torch.manual_seed``, which also
-seeds every CUDA device and costs ~100 us in a DataLoader worker).
+Python versions, unlike ``hash()``). Each generator takes its own bits of the seed, so
+one sample's torch and numpy streams are unrelated: torch's default generator the low
+32 bits (``torch.default_generator.manual_seed(seed)``; its Mersenne Twister keeps 32),
+numpy's global ``RandomState`` the high 32 bits (``np.random.seed(seed >> 32)``) and
+Python's ``random`` all 64 (``random.seed(seed)``). The generators are seeded directly:
+not ``torch.manual_seed``, which also seeds every CUDA device (far slower in a
+DataLoader worker), and Python's through the C ``seed`` that ``random.seed`` ends in
+(the same state, without the wrapper's type checks).
+
+Seeding all three costs a few microseconds per sample, most of it Python's
+``random`` (its seeding expands the seed through a 624-word ``init_by_array``);
+``sample_seeding=("torch",)`` seeds only torch's generator, enough for torchvision's
+v2 transforms (docs/benchmarks.md has the figures per generator).
 
 A transform that prefers an explicit generator to the global ones calls
 :func:`sample_rng` (numpy) or :func:`sample_generator` (torch) while it runs:
@@ -21,25 +31,29 @@ both are seeded from the same per-sample seed.
 from __future__ import annotations
 
 import functools
+import _random  # the C base of random.Random: its seed() is the state random.seed sets
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["Seeder", "sample_seed", "batch_seed", "sample_rng", "sample_generator", "current_seed", "GlobalRNGState", "restoring"]
+__all__ = [
+    "GENERATORS", "generators", "Seeder", "sample_seed", "batch_seed", "sample_rng", "sample_generator",
+    "current_seed", "GlobalRNGState", "restoring",
+]
 
-_MASK32 = 0xFFFFFFFF
+GENERATORS = ("torch", "numpy", "python")  # the global generators sample seeding can seed
 T = TypeVar("T")
 _current: list[int | None] = [None]  # the seed of the sample or batch being prepared (None: outside one)
+_PYTHON = random.seed.__self__  # the Random instance behind the random.* functions
+_seed_python_c = _random.Random.seed
 
 
 def _digest(prefix: bytes, part: bytes) -> int:
-    h = hashlib.blake2b(prefix, digest_size=8)
-    h.update(part)
-    return int.from_bytes(h.digest(), "little")
+    return int.from_bytes(hashlib.blake2b(prefix + part, digest_size=8).digest(), "little")
 
 
 def _prefix(kind: str, seed: int, epoch: int) -> bytes:
@@ -56,6 +70,8 @@ def sample_seed(seed: int, epoch: int, key: str) -> int:
 
     Returns:
         An int in ``[0, 2**64)``; equal inputs give equal seeds on every machine.
+        torch's generator is seeded with it (and keeps its low 32 bits), numpy's
+        global with ``seed >> 32``, Python's ``random`` with all of it.
     """
     return _digest(_prefix("sample", seed, epoch), key.encode("utf-8", "surrogatepass"))
 
@@ -65,12 +81,42 @@ def batch_seed(seed: int, epoch: int, rank: int, index: int) -> int:
     return _digest(_prefix("batch", seed, epoch), f"{int(rank)}/{int(index)}".encode())
 
 
-def _seed_globals(value: int) -> None:
-    """Seed torch's default CPU generator, numpy's global and Python's ``random`` from ``value``."""
+def generators(option: bool | str | Iterable[str] | None) -> tuple[str, ...]:
+    """The generators a ``sample_seeding`` option names, in :data:`GENERATORS` order.
+
+    Args:
+        option: True (all three), False or None (none), one name, or several
+            names out of ``"torch"``, ``"numpy"``, ``"python"``.
+
+    Returns:
+        A tuple of names; empty when seeding is off.
+
+    Raises:
+        ValueError: a name that is not one of :data:`GENERATORS`.
+    """
+    if option is True:
+        return GENERATORS
+    if option is False or option is None:
+        return ()
+    names = {option} if isinstance(option, str) else set(option)
+    unknown = sorted(str(n) for n in names - set(GENERATORS))
+    if unknown:
+        raise ValueError(f"sample_seeding names unknown generators {unknown}; known: {list(GENERATORS)} (or True / False)")
+    return tuple(g for g in GENERATORS if g in names)
+
+
+def _seed_globals(value: int, which: tuple[bool, bool, bool]) -> None:
+    """Seed the chosen global generators (torch, numpy, python) from ``value``, exactly as
+    ``torch.default_generator.manual_seed(value)``, ``np.random.seed(value >> 32)`` and
+    ``random.seed(value)`` would."""
     _current[0] = value
-    torch.default_generator.manual_seed(value)
-    np.random.seed(value & _MASK32)  # the legacy global generator takes 32 bits
-    random.seed(value)
+    if which[0]:
+        torch.default_generator.manual_seed(value)
+    if which[1]:
+        np.random.seed(value >> 32)
+    if which[2]:
+        _seed_python_c(_PYTHON, value)
+        _PYTHON.gauss_next = None  # random.seed clears gauss()'s cached draw; so must we
 
 
 class Seeder:
@@ -80,26 +126,32 @@ class Seeder:
         seed: the dataset's seed.
         epoch: the epoch being read.
         rank: this process's rank (batch seeds only; sample seeds do not depend on it).
-        enabled: False to leave the global generators alone (``ShardDataset(sample_seeding=False)``).
+        enabled: the generators to seed (see :func:`generators`): True for all three,
+            False to leave them alone (``ShardDataset(sample_seeding=False)``).
     """
 
-    __slots__ = ("enabled", "_sample", "_batch", "_rank")
+    __slots__ = ("enabled", "_which", "_sample", "_batch", "_rank")
 
-    def __init__(self, seed: int, epoch: int, rank: int = 0, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._sample = _prefix("sample", seed, epoch)
+    def __init__(self, seed: int, epoch: int, rank: int = 0, enabled: bool | str | Iterable[str] = True) -> None:
+        names = generators(enabled)
+        self.enabled = bool(names)
+        self._which = tuple(g in names for g in GENERATORS)
+        # the prefix hashed once: each key continues a copy (the digest of prefix + key, cheaper)
+        self._sample = hashlib.blake2b(_prefix("sample", seed, epoch), digest_size=8)
         self._batch = _prefix("batch", seed, epoch)
         self._rank = int(rank)
 
     def sample(self, key: str) -> None:
         """Seed the global generators for the sample ``key`` (a no-op when disabled)."""
         if self.enabled:
-            _seed_globals(_digest(self._sample, key.encode("utf-8", "surrogatepass")))
+            h = self._sample.copy()
+            h.update(key.encode("utf-8", "surrogatepass"))
+            _seed_globals(int.from_bytes(h.digest(), "little"), self._which)
 
     def batch(self, index: int) -> None:
         """Seed the global generators for batch ``index`` of this rank's epoch."""
         if self.enabled:
-            _seed_globals(_digest(self._batch, f"{self._rank}/{int(index)}".encode()))
+            _seed_globals(_digest(self._batch, f"{self._rank}/{int(index)}".encode()), self._which)
 
     def done(self) -> None:
         """Mark the end of a sample's or batch's preparation (``sample_rng`` raises after it)."""
@@ -159,30 +211,36 @@ def sample_generator() -> torch.Generator:
 
 
 class GlobalRNGState:
-    """The three global generators' states, saved and restored around data loading.
+    """Global generators' states, saved and restored around data loading.
 
     With ``num_workers=0`` the samples are prepared in the training process: the
     loader saves the states before it prepares a batch and restores them after, so
     the training loop's own draws (dropout, initialisation) do not depend on the data.
+
+    Args:
+        names: the generators to save (those sample seeding touches; see :func:`generators`).
     """
 
     __slots__ = ("_torch", "_numpy", "_python")
 
-    def __init__(self) -> None:
-        self._torch = torch.default_generator.get_state()
-        self._numpy = np.random.get_state()
-        self._python = random.getstate()
+    def __init__(self, names: tuple[str, ...] = GENERATORS) -> None:
+        self._torch = torch.default_generator.get_state() if "torch" in names else None
+        self._numpy = np.random.get_state() if "numpy" in names else None
+        self._python = random.getstate() if "python" in names else None
 
     def restore(self) -> None:
         """Put the saved states back."""
-        torch.default_generator.set_state(self._torch)
-        np.random.set_state(self._numpy)
-        random.setstate(self._python)
+        if self._torch is not None:
+            torch.default_generator.set_state(self._torch)
+        if self._numpy is not None:
+            np.random.set_state(self._numpy)
+        if self._python is not None:
+            random.setstate(self._python)
         _current[0] = None
 
 
-def restoring(items: Iterator[T]) -> Iterator[T]:
-    """``items``, with the global generators put back after each item is made.
+def restoring(items: Iterator[T], names: tuple[str, ...] = GENERATORS) -> Iterator[T]:
+    """``items``, with the global generators ``names`` put back after each item is made.
 
     Every ``next()`` runs with the caller's generator states saved first and
     restored before the item is handed over, so the seeding done while making it
@@ -191,7 +249,7 @@ def restoring(items: Iterator[T]) -> Iterator[T]:
     """
     try:
         while True:
-            saved = GlobalRNGState()
+            saved = GlobalRNGState(names)
             try:
                 item = next(items)
             except StopIteration:

@@ -47,7 +47,7 @@ def expected(key: str, epoch: int) -> tuple[float, float, float]:
     s = sample_seed(SEED, epoch, key)
     g = torch.Generator()
     g.manual_seed(s)
-    return (float(torch.rand((), generator=g)), float(np.random.RandomState(s & 0xFFFFFFFF).random_sample()),
+    return (float(torch.rand((), generator=g)), float(np.random.RandomState(s >> 32).random_sample()),
             random.Random(s).random())
 
 
@@ -152,7 +152,7 @@ def identity(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
-def global_states_after(data: Path, transform: Any, sample_seeding: bool) -> tuple[float, float, float]:
+def global_states_after(data: Path, transform: Any, sample_seeding: Any) -> tuple[float, float, float]:
     torch.manual_seed(5)
     np.random.seed(5)
     random.seed(5)
@@ -173,3 +173,61 @@ def test_seeding_can_be_turned_off(data: Path) -> None:
     got = draws_by_key(epoch_batches(data, 0, sample_seeding=False))
     assert len(got) == N
     assert sum(got[k][0] == expected(k, 0)[0] for k in got) == 0
+
+
+def gaussians(sample: dict[str, Any]) -> dict[str, Any]:
+    """One draw from each generator's normal sampler: numpy and Python cache a second
+    normal (``RandomState``'s gauss, ``random.gauss_next``); seeding must clear it."""
+    sample["n"] = float(np.random.standard_normal())
+    sample["p"] = random.gauss(0.0, 1.0)
+    sample["t"] = float(torch.randn(()))
+    return sample
+
+
+def test_no_cached_normal_leaks_into_the_next_sample(data: Path) -> None:
+    ds = ShardDataset(data, shuffle=True, seed=SEED, transform=gaussians)
+    for b in make_loader(ds, batch_size=BATCH, num_workers=0):
+        for k, n, p in zip(b["__key__"], b["n"].tolist(), b["p"].tolist()):
+            s = sample_seed(SEED, 0, k)
+            assert n == np.random.RandomState(s >> 32).standard_normal()
+            assert p == random.Random(s).gauss(0.0, 1.0)
+
+
+def coins(sample: dict[str, Any]) -> dict[str, Any]:
+    sample["t"] = int(torch.randint(0, 2**16, ()))
+    sample["n"] = int(np.random.randint(0, 2**16))
+    return sample
+
+
+def test_torch_and_numpy_draws_of_a_sample_are_unrelated(data: Path) -> None:
+    """Both are Mersenne Twisters seeded from 32 bits: seeded from the same 32 bits they
+    would draw the same words (torch.randint(0, 2) == np.random.randint(0, 2) for every sample)."""
+    ds = ShardDataset(data, shuffle=True, seed=SEED, transform=coins)
+    same = sum(int(t == n) for b in make_loader(ds, batch_size=BATCH, num_workers=0) for t, n in zip(b["t"], b["n"]))
+    assert same <= 2  # 240 pairs of 16-bit draws: about 0.004 equal by chance
+
+
+def test_seeding_only_the_named_generators(data: Path) -> None:
+    got = draws_by_key(epoch_batches(data, 0, sample_seeding=("torch",)))
+    assert all(got[k][0] == expected(k, 0)[0] for k in got)
+    assert sum(got[k][1] == expected(k, 0)[1] for k in got) == 0
+    assert sum(got[k][2] == expected(k, 0)[2] for k in got) == 0
+    two = draws_by_key(epoch_batches(data, 2, sample_seeding=["numpy", "python"]))
+    assert all(two[k][1:] == expected(k, 0)[1:] for k in two)
+    assert sum(two[k][0] == expected(k, 0)[0] for k in two) == 0
+
+
+def torch_only(sample: dict[str, Any]) -> dict[str, Any]:
+    sample["t"] = float(torch.rand(()))
+    return sample
+
+
+def test_generators_not_named_are_not_touched(data: Path) -> None:
+    """("torch",): numpy's and Python's generators go on from where the training loop left them."""
+    assert global_states_after(data, torch_only, ("torch",)) == global_states_after(data, identity, False)
+
+
+@pytest.mark.parametrize("option", [("torch", "cuda"), "np", ["Python"]])
+def test_an_unknown_generator_is_named(data: Path, option: Any) -> None:
+    with pytest.raises(ValueError, match="unknown generators.*known: \\['torch', 'numpy', 'python'\\]"):
+        ShardDataset(data, sample_seeding=option)

@@ -143,7 +143,7 @@ class Iteration:
     ) -> Iterator[Any]:
         items, _ = self._pipeline(world, epoch, ids, skip, policy)
         if in_main and self.sample_seeding and (self.transform is not None or self.expand is not None):
-            items = restoring(items)  # the training loop's generators stay where it left them
+            items = restoring(items, self.sample_seeding)  # the training loop's generators stay where it left them
         stats = policy.stats
         try:
             for item in items:
@@ -175,7 +175,7 @@ class Iteration:
                 batches = reader.batched(counted, sizes, b.collate, seed_batch)
                 # in the training process (num_workers=0), its own generators stay where it left them
                 restore = self.sample_seeding and not World.in_worker()
-                for index, batch in (restoring(batches) if restore else batches):
+                for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
                     yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
             else:
                 n = skip

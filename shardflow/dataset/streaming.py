@@ -23,6 +23,7 @@ from ..errors import MissingFieldError, ShardflowError
 from ..expand import Expand
 from ..mixing import mixture_of
 from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
+from ..seeding import generators
 from ..selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..source import ShardSet, Source, SourcePart, resolve_source
@@ -96,6 +97,11 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         expand: one-to-many samples (:mod:`shardflow.expand`): each stored
             sample becomes ``expand.count`` items before the shuffle buffer;
             lengths, splits and resumption count items.
+        sample_seeding: seed the global generators from ``(seed, epoch, key)``
+            before each per-sample transform and ``expand`` (and from the batch
+            before ``collate_fn``), so draws follow the sample (:mod:`shardflow.seeding`).
+            True (all three), False, or the names to seed out of ``"torch"``,
+            ``"numpy"``, ``"python"`` (``("torch",)`` suits torchvision v2).
         select: keep only some samples, decided at plan time: a key predicate
             ``select(key) -> bool`` or a collection of keys. Exact on every
             rank (equal sample and batch counts, each selected sample once per
@@ -112,6 +118,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             make a mixture (on some sources only, without ``samples_per_epoch``,
             on a source without a manifest).
         ShardflowError: a rank would get no data.
+        ValueError: ``sample_seeding`` names an unknown generator.
     """
 
     def __init__(
@@ -132,7 +139,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         io: storage.IOOptions | None = None,
         max_pixels: int | None = None,
         expand: Expand | None = None,
-        sample_seeding: bool = True,
+        sample_seeding: bool | str | Sequence[str] = True,
         select: Select | None = None,
     ) -> None:
         super().__init__()
@@ -158,7 +165,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             self.decode = replace(self.decode or DecodeOptions(image=None), max_pixels=max_pixels)
         self.decode = with_limits(self.decode, io.limits)  # compressed fields: the members' limits
         self.seed = int(seed)
-        self.sample_seeding = bool(sample_seeding)
+        self.sample_seeding = generators(sample_seeding)  # the names; () when off
         self.fields = tuple(fields) if fields is not None else None
         if isinstance(fields, str):
             raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")
