@@ -77,3 +77,24 @@ def test_expand_errors_follow_on_error(matrices):
     ds = shardflow.ShardDataset(matrices, expand=wrong, on_error="skip")
     with pytest.raises(shardflow.ShardflowError, match="yielded no sample"):
         list(ds)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_crop_per_sample_is_still_applied(matrices, shuffle, workers):
+    """``count=1`` is a one-to-one expand (a random crop per sample): every sample goes through
+    it and is decoded, as with larger counts (it was skipped: raw bytes came out whole)."""
+    ds = shardflow.ShardDataset(matrices, expand=random_crops("x.npy", (20, 16), 1), shuffle=shuffle, seed=3)
+    assert len(ds) == 8
+    keys, crops = [], []
+    for batch in shardflow.loader(ds, batch_size=4, num_workers=workers):
+        assert tuple(batch["x.npy"].shape) == (4, 20, 16)
+        keys += batch["__key__"]
+        crops += batch["crop_yx"]
+    assert sorted(keys) == [f"m{i:03d}#0" for i in range(8)]
+
+
+def test_one_crop_per_sample_matches_the_source(matrices):
+    for s in shardflow.ShardDataset(matrices, expand=random_crops("x.npy", (20, 16), 1), shuffle=True, seed=3):
+        y, x = s["crop_yx"]
+        np.testing.assert_array_equal(s["x.npy"], source_value(s["__key__"])[y : y + 20, x : x + 16])

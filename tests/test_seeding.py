@@ -231,3 +231,32 @@ def test_generators_not_named_are_not_touched(data: Path) -> None:
 def test_an_unknown_generator_is_named(data: Path, option: Any) -> None:
     with pytest.raises(ValueError, match="unknown generators.*known: \\['torch', 'numpy', 'python'\\]"):
         ShardDataset(data, sample_seeding=option)
+
+
+def test_expand_draws_follow_the_sample_and_end_with_it(data: Path) -> None:
+    """``expand`` runs seeded for its sample; once it returns, the sample's seed is gone
+    (``sample_rng()`` outside a sample's preparation raises, as after a transform)."""
+    from shardflow.expand import Expand
+
+    seen: dict[str, float] = {}
+    after: list[bool] = []
+
+    def crops(sample: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+        seen[sample["__key__"]] = float(torch.rand(()))
+        return [sample]
+
+    def check(sample: dict[str, Any]) -> dict[str, Any]:
+        return sample
+
+    ds = ShardDataset(data, shuffle=True, seed=SEED, expand=Expand(crops, 1), transform=check)
+    for s in ds:
+        try:
+            sample_rng()
+            after.append(True)
+        except RuntimeError:
+            after.append(False)
+    assert len(seen) == N and not any(after)
+    for key, t in seen.items():
+        g = torch.Generator()
+        g.manual_seed(sample_seed(SEED, 0, key))
+        assert t == float(torch.rand((), generator=g))

@@ -82,7 +82,7 @@ class Iteration:
                    and takes_graph_records(self._batching.collate))
         prepare = reader.Prepare(policy, fields=self.fields, sources=self.source.source_by_url(), decode=self.decode,
                                  graph_records=records, expand=self.expand, seed=self.seed, epoch=epoch,
-                                 seed_sample=seeder.sample)
+                                 seeder=seeder)
         # one-to-many samples are prepared as read, before the shuffle buffer; others after it
         expanded = prepare.items if self.expand is not None else None
         io = self.io

@@ -53,7 +53,7 @@ def read_planned(
         offsets: ``offsets(shard)`` returns the shard's offset index or None.
         expand: items per stored sample (one-to-many samples): the plan counts
             items, item ``i`` of a shard comes from sample ``i // expand``.
-        prepare: with ``expand > 1``, turns one raw sample into its
+        prepare: with ``expand``, turns one raw sample into its
             ``expand`` items (or None when the sample was dropped); each
             sample is read and prepared once.
         positioned: False to yield the items alone (when read order is the
@@ -63,8 +63,8 @@ def read_planned(
         ``(position, item)`` for every needed position, in read order (or the
         ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
     """
-    k = expand
-    table = RunTable.build(plan, needed, source, k, in_blocks=k == 1 and not positioned and fastpath.enabled())
+    k, many = expand, prepare is not None  # with expand == 1 too: the sample is still prepared
+    table = RunTable.build(plan, needed, source, k, in_blocks=not many and not positioned and fastpath.enabled())
     if table is None:
         return
     recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
@@ -75,7 +75,7 @@ def read_planned(
         for pos, s, i, want, ahead in steps:
             if s < 0:  # outside every run
                 continue
-            if k > 1 and (got := _cached(cached, s, i, k, last_l[s])) is not _MISS:  # from the sample read last
+            if many and (got := _cached(cached, s, i, k, last_l[s])) is not _MISS:  # from the sample read last
                 if want:
                     yield (pos, got) if positioned else got
                 continue
@@ -120,7 +120,7 @@ def read_planned(
                     continue
             if i // k == last_l[s] // k:
                 streams.drop(s)
-            if k > 1:
+            if many:
                 got = _prepared(item, run_url[s], prepare, policy, cached, s, i, k, last_l[s])
                 if want:
                     yield (pos, got) if positioned else got

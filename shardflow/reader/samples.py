@@ -16,6 +16,7 @@ from ..codecs import DecodeOptions, decode_field, field_alternatives
 from ..errors import DecodeError, MissingFieldError, SampleError
 from ..expand import Expand
 from ..policy import ErrorPolicy
+from ..seeding import Seeder
 from ..world import stable_seed
 
 __all__ = ["Prepare", "tag_source", "prepared", "expand_each", "apply_transform", "batched"]
@@ -45,8 +46,8 @@ class Prepare:
         expand: one-to-many samples, or None; its generator is seeded from
             ``(seed, epoch, key)``.
         seed, epoch: for ``expand``.
-        seed_sample: called with the sample's key right before ``expand`` runs (to
-            seed the global generators, see :mod:`shardflow.seeding`), or None.
+        seeder: seeds the global generators for the sample right before ``expand``
+            runs, and marks its end after (see :mod:`shardflow.seeding`), or None.
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class Prepare:
         expand: Expand | None = None,
         seed: int = 0,
         epoch: int = 0,
-        seed_sample: Callable[[str], None] | None = None,
+        seeder: Seeder | None = None,
     ) -> None:
         self._policy = policy
         # (name, alternatives) of each requested field ("jpg;png", "image")
@@ -70,7 +71,7 @@ class Prepare:
         self._records = graph_records
         self._expand = expand
         self._seed, self._epoch = seed, epoch
-        self._seed_sample = seed_sample
+        self._seeder = seeder
 
     def one(self, sample: Sample) -> Sample | None:
         """The sample selected, tagged and decoded, or None when it was dropped (counted)."""
@@ -88,9 +89,13 @@ class Prepare:
             return None
         rng = np.random.Generator(np.random.PCG64(stable_seed("expand", self._seed, self._epoch, s["__key__"])))
         try:
-            if self._seed_sample is not None:
-                self._seed_sample(s["__key__"])
-            items = list(expand.fn(s, rng))
+            if self._seeder is not None:
+                self._seeder.sample(s["__key__"])
+            try:
+                items = list(expand.fn(s, rng))
+            finally:
+                if self._seeder is not None:
+                    self._seeder.done()
             if len(items) != expand.count:
                 raise ValueError(f"returned {len(items)} items, expected count={expand.count}")
         except Exception as e:
