@@ -41,6 +41,7 @@ def read_planned(
     prepare: Callable[[Sample], list[Any] | None] | None = None,
     *,
     positioned: bool = True,
+    hold: int | None = None,
 ) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
 
@@ -58,6 +59,8 @@ def read_planned(
             sample is read and prepared once.
         positioned: False to yield the items alone (when read order is the
             order wanted, no reordering needs the positions).
+        hold: the first batch's last read position: remote runs first read after it
+            are opened ahead only once it is read (:class:`~.streams.RunStreams`).
 
     Yields:
         ``(position, item)`` for every needed position, in read order (or the
@@ -67,10 +70,12 @@ def read_planned(
     table = RunTable.build(plan, needed, source, k, in_blocks=k == 1 and not positioned and fastpath.enabled())
     if table is None:
         return
-    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
+    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold))
     streams, cached = recovery.streams, recovery.cached
     iters, last_l, run_url = streams.open, table.last, table.url
     steps = table.steps()
+    if streams.limit is not None and hold is not None:
+        steps = _released(steps, hold + 1 - table.lo, streams.release)
     try:
         for pos, s, i, want, ahead in steps:
             if s < 0:  # outside every run
@@ -139,6 +144,13 @@ def read_planned(
 
 
 _MISS = object()
+
+
+def _released(steps: Iterator[Any], n: int, release: Callable[[], None]) -> Iterator[Any]:
+    """``steps``, calling ``release`` once its first ``n`` are taken."""
+    yield from islice(steps, max(n, 0))
+    release()
+    yield from steps
 
 
 def _cached(cached: dict[int, tuple[int, list[Any] | None]], s: int, i: int, k: int, last: int) -> Any:
