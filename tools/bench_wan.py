@@ -393,8 +393,8 @@ def report(results: dict[tuple[str, int], list[dict[str, Any]]], stored: dict[st
         gets = statistics.median(run["requests"].get("GET", 0) for run in runs)
         reqs = statistics.median(sum(run["requests"].values()) for run in runs)
         kept = stored[lib.split("-")[0]]
-        print(f"| {lib}, {workers} | {down / kept:.2f}x | {down / image_bytes:.2f}x | "
-              f"{kept / image_bytes:.2f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
+        print(f"| {lib}, {workers} | {down / kept:.3f}x | {down / image_bytes:.3f}x | "
+              f"{kept / image_bytes:.3f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
               f"{med(runs, 'first_batch'):.2f} |")
     base = results.get(("shardflow", args.workers))
     if base:
