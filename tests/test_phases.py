@@ -154,3 +154,32 @@ def test_a_fresh_start_on_compressed_shards_with_an_index_streams_them_whole(tmp
     for workers in (0, 2):
         batches = list(_maker(folder, workers)())
         assert sorted(k for b in batches for k in b["__key__"]) == sorted(f"{i:06d}" for i in range(sum(COUNTS)))
+
+
+def test_a_fresh_remote_start_fetches_later_shards_only_after_the_first_batchs_reads(tmp_path: Path, http_server: Any) -> None:
+    """On a link, the first batch's bytes do not share it with the shards read after it:
+    those are opened ahead only once its last read position is read (then all are read)."""
+    from shardflow.storage import IOOptions
+
+    folder = make_shards(tmp_path, COUNTS)
+    for f in sorted(folder.iterdir()):
+        http_server.put(f.name, f.read_bytes())
+    ds = ShardDataset(http_server.url, decode=None, io=IOOptions(backoff=0.0, staging=False))
+    plan = plan_epoch(COUNTS, 0, 1, 0, 0, SHUFFLE, SplitConfig(batch_size=BATCH))
+    needed, order, first = _worker_positions(plan, 0, 0, 1)
+    hold = int(order[:first].max())
+    names = [Path(u).name for u in ds.source.urls]
+    window = {names[plan.segments[int(plan.read_segment[p])].shard] for p in range(hold + 1) if needed[p]}
+    assert len(window) < len(COUNTS)  # the case under test: shards read after the first batch
+    http_server.reset_stats()
+    items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, ErrorPolicy("raise"), ds._offsets)  # noqa: SLF001
+    seen = []
+    for pos, sample in items:
+        seen.append((pos, sample["__key__"]))
+        if pos == hold:
+            fetched = {k for k in http_server.stats.gets_by_path if k.endswith(".tar")}
+            assert fetched <= window, (fetched, window)
+    local = ShardDataset(folder, decode=None)
+    want = reader.read_planned(plan, needed, local.source, local.io, ErrorPolicy("raise"), local._offsets)  # noqa: SLF001
+    assert seen == [(pos, sample["__key__"]) for pos, sample in want]  # every needed position once, in read order
+    assert {k for k in http_server.stats.gets_by_path if k.endswith(".tar")} == set(names)

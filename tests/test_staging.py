@@ -243,3 +243,22 @@ def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_serv
     assert srv.stats.body_bytes == len(data)  # each byte once: before, inside and after the staged part
     # the part; the blocks before it; the bytes of its first block before it; the bytes after it
     assert srv.stats.gets == 4
+
+
+def test_epoch_two_through_the_cache_asks_the_store_nothing(http_server, tmp_path):
+    """Workers that each read part of every shard fill the cache once per shard, checked
+    against the manifest's digests, and find the copies by them in the next epoch."""
+    srv = http_server
+    want = write(tmp_path / "d", 600, 200)
+    serve(srv, tmp_path / "d")
+    io = IOOptions(backoff=0.0, cache_dir=str(tmp_path / "cache"))
+    ds = shardflow.ShardDataset(srv.url, decode=None, shuffle=True, seed=5, io=io)
+    loader = shardflow.loader(ds, batch_size=8, num_workers=2, collate_fn=list)
+    srv.reset_stats()
+    first = [(s["__key__"], s["bin"]) for batch in loader for s in batch]
+    assert sorted(first) == sorted(want.items())
+    assert tar_gets(srv) == 3, srv.stats.gets_by_path
+    srv.reset_stats()
+    second = [(s["__key__"], s["bin"]) for batch in loader for s in batch]
+    assert sorted(second) == sorted(want.items())
+    assert srv.stats.requests == 0, srv.stats

@@ -841,6 +841,26 @@ def test_cache_bypassed_when_object_exceeds_limit_or_no_room(memory_root, tmp_pa
     held.close()
 
 
+def test_cache_hit_by_the_manifest_digest_asks_the_store_nothing(http_server, tmp_path):
+    """A copy checked against the manifest's sha256 is found by it again with no request
+    (a later epoch reads from local disk alone); without the digest, one HEAD names it."""
+    data = os.urandom(300_000)
+    url = http_server.put("s.tar", data)
+    opts = IOOptions(cache_dir=str(tmp_path / "c"), block_size=1 << 16)
+    assert b"".join(open_chunks(url, options=opts, sha256=sha(data))) == data
+    assert http_server.stats.gets_by_path["s.tar"] == 1
+    http_server.reset_stats()
+    assert b"".join(open_chunks(url, options=opts, sha256=sha(data))) == data
+    assert b"".join(open_chunks(url, 10, 20, opts, sha256=sha(data))) == data[10:20]
+    assert http_server.stats.requests == 0
+    assert b"".join(open_chunks(url, 10, 20, opts)) == data[10:20]  # the same copy, by its identity
+    assert (http_server.stats.gets, http_server.stats.heads) == (0, 1)
+    new = os.urandom(200_000)  # rewritten, under a new manifest: a fresh entry, checked
+    http_server.put("s.tar", new)
+    assert b"".join(open_chunks(url, options=opts, sha256=sha(new))) == new
+    assert len(_data_files(str(tmp_path / "c"))) == 2
+
+
 def test_cache_refetches_a_changed_object(memory_root, tmp_path):
     store = _memory_store(memory_root)
     opts = IOOptions(cache_dir=str(tmp_path / "cache"), readahead=1)

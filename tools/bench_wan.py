@@ -8,7 +8,7 @@ thread of its own) that delays every piece of data by ``--latency`` seconds each
 caps all downloads together at ``--rate`` bytes/s (a share of a real NIC), counting the
 bytes it passes down and the requests it passes up. Nothing leaves the machine.
 
-Per library: the same 64x64 JPEG tree (tools/bench_peers.py makes it) converted by each,
+Per library: the same JPEG tree (64x64 by default; tools/bench_peers.py makes it) converted by each,
 uploaded to the bucket (not through the proxy), then read for one shuffled epoch by a
 ``--workers`` DataLoader, batch 64, decoded to CHW uint8 tensors, each run in a fresh
 process with an empty local cache (LitData and Mosaic download whole chunks into one;
@@ -23,10 +23,15 @@ site-packages, then ``/work/venv-peers/bin/pip install -c <(echo torch==2.13.0) 
 mosaicml-streaming``. LitData's obstore downloader is told to allow ``http://`` (the loopback
 bucket has no TLS).
 
-usage: python tools/bench_wan.py [--images 20000] [--latency 0.025] [--rate 20e6]
-                                 [--workers 4] [--repeat 2] [--only shardflow,litdata,mosaic]
-                                 [--shardflow-workers 1,8] [--unstaged] [--compression zstd] [--peers-python PATH]
-                                 [--work DIR]
+``--photos N`` reads N photo-sized JPEGs (~400x350, tools/bench_peers.py's photo set,
+100 per shard) instead. ``--cache-epoch`` adds shardflow's second epoch through
+``IOOptions(cache_dir=...)`` and its second epoch from the converted folder on local disk
+(each the second ``iter()`` of one loader, so both fork their workers alike).
+
+usage: python tools/bench_wan.py [--images 20000 | --photos 5000] [--per-shard N] [--latency 0.025]
+                                 [--rate 20e6] [--workers 4] [--repeat 2] [--only shardflow,litdata,mosaic]
+                                 [--shardflow-workers 1,8] [--unstaged] [--cache-epoch] [--compression zstd]
+                                 [--peers-python PATH] [--work DIR]
 """
 
 from __future__ import annotations
@@ -185,21 +190,28 @@ def storage_options(endpoint: str) -> dict[str, Any]:
     return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
 
 
-def read_epoch(lib: str, name: str, n: int, workers: int, endpoint: str) -> dict[str, float]:
-    """One shuffled epoch of ``s3://bench/<name>`` with ``lib``; returns rate and first batch."""
+def read_epoch(lib: str, name: str, n: int, workers: int, endpoint: str, data: str = "") -> dict[str, float]:
+    """One shuffled epoch of ``s3://bench/<name>`` with ``lib``; returns rate and first batch.
+
+    ``shardflow-cache`` reads two epochs through ``IOOptions(cache_dir=...)`` and
+    ``shardflow-local`` two from the local folder ``data``: both report the second
+    epoch (from the cache, from the page cache), ``epoch1`` the first.
+    """
     import bench_peers as bp
 
     cache = tempfile.mkdtemp(prefix=f"wan-{lib}-")
     url = f"s3://{BUCKET}/{name}"
+    epochs = 2 if lib in ("shardflow-cache", "shardflow-local") else 1
     try:
         t0 = time.perf_counter()
         if lib.startswith("shardflow"):
             import shardflow
             from shardflow.storage import IOOptions
 
-            io = IOOptions(storage_options=storage_options(endpoint), staging=lib != "shardflow-unstaged")
-            ds = shardflow.ShardDataset(url, shuffle=True, decode=shardflow.DecodeOptions(image="torch"),
-                                        fields=("jpg", "cls"), io=io)
+            io = IOOptions(storage_options=storage_options(endpoint), staging=lib != "shardflow-unstaged",
+                           cache_dir=cache if lib == "shardflow-cache" else None)
+            ds = shardflow.ShardDataset(data if lib == "shardflow-local" else url, shuffle=True,
+                                        decode=shardflow.DecodeOptions(image="torch"), fields=("jpg", "cls"), io=io)
             ld = shardflow.loader(ds, batch_size=BATCH, num_workers=workers)
         elif lib == "litdata":
             import litdata
@@ -219,15 +231,20 @@ def read_epoch(lib: str, name: str, n: int, workers: int, endpoint: str) -> dict
             base.util.clean_stale_shared_memory()
             ds = bp._mosaic_decoding()(remote=url, local=cache, shuffle=True, batch_size=BATCH)
             ld = base.StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
-        it = iter(ld)
-        seen = bp._batch_len(next(it))
-        first = time.perf_counter() - t0
-        for b in it:
-            seen += bp._batch_len(b)
-        total = time.perf_counter() - t0
-        if seen != n:
-            raise SystemExit(f"{lib}: the epoch saw {seen} samples, expected {n}")
-        return {"epoch": seen / total, "first_batch": first, "seconds": total}
+        out: dict[str, float] = {}
+        for e in range(epochs):
+            it = iter(ld)  # (shardflow.loader: each iter() is the next epoch)
+            seen = bp._batch_len(next(it))
+            first = time.perf_counter() - t0
+            for b in it:
+                seen += bp._batch_len(b)
+            total = time.perf_counter() - t0
+            if seen != n:
+                raise SystemExit(f"{lib}: epoch {e + 1} saw {seen} samples, expected {n}")
+            out = {"epoch": seen / total, "first_batch": first, "seconds": total,
+                   **({"epoch1": out["epoch"]} if out else {})}
+            t0 = time.perf_counter()
+        return out
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -262,9 +279,9 @@ def convert(lib: str, tree: str, out: str, n: int, args: argparse.Namespace) -> 
     if os.path.exists(out):
         return
     cmd = [python_for(lib, args), os.path.join(HERE, "bench_peers.py"), "--child", "convert", "--lib", lib,
-           "--tree", tree, "--data", out, "--n", str(n), "--per-shard", "1000"]
+           "--tree", tree, "--data", out, "--n", str(n), "--per-shard", str(args.per_shard)]
     if lib.startswith("shardflow") and args.compression != "none":  # the CLI, as a user would
-        cmd = [sys.executable, "-m", "shardflow.cli", "convert", "imagefolder", tree, out, "--max-count", "1000",
+        cmd = [sys.executable, "-m", "shardflow.cli", "convert", "imagefolder", tree, out, "--max-count", str(args.per_shard),
                "--workers", "2", "--compression", args.compression]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
@@ -272,9 +289,10 @@ def convert(lib: str, tree: str, out: str, n: int, args: argparse.Namespace) -> 
         raise SystemExit(f"converting with {lib} failed:\n{proc.stderr[-3000:]}")
 
 
-def run_read(lib: str, name: str, n: int, workers: int, proxy: WanProxy, args: argparse.Namespace) -> dict[str, Any]:
+def run_read(lib: str, name: str, n: int, workers: int, proxy: WanProxy, args: argparse.Namespace,
+             data: str = "") -> dict[str, Any]:
     cmd = [python_for(lib, args), os.path.abspath(__file__), "--child", lib, "--name", name, "--n", str(n),
-           "--workers", str(workers), "--endpoint", proxy.endpoint]
+           "--workers", str(workers), "--endpoint", proxy.endpoint, "--data", data]
     proxy.reset()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **_AWS_ENV})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -287,7 +305,12 @@ def run_read(lib: str, name: str, n: int, workers: int, proxy: WanProxy, args: a
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--images", type=int, default=20000, help="64x64 JPEGs")
+    ap.add_argument("--photos", type=int, default=0,
+                    help="read N photo-sized JPEGs (~400x350, bench_peers' photo set) instead of the 64x64 ones")
+    ap.add_argument("--per-shard", type=int, default=0, help="samples per shard/chunk (default 1000, photos 100)")
+    ap.add_argument("--cache-epoch", action="store_true",
+                    help="also shardflow's epoch 2 through IOOptions(cache_dir=...) and its epoch 2 from local disk")
     ap.add_argument("--latency", type=float, default=0.025, help="seconds added each way")
     ap.add_argument("--rate", type=float, default=20e6, help="bytes/s for all downloads together")
     ap.add_argument("--workers", type=int, default=4)
@@ -303,19 +326,22 @@ def main() -> int:
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(read_epoch(args.child, args.name, args.n, args.workers, args.endpoint)))
+        print("RESULT " + json.dumps(read_epoch(args.child, args.name, args.n, args.workers, args.endpoint, args.data)))
         return 0
     import bench_peers as bp
 
     libs = args.only.split(",")
-    tree = os.path.join(args.work, f"tree-small-{args.images}")
-    bp.ensure_tree(tree, "small", args.images)
+    kind = "photo" if args.photos else "small"
+    args.per_shard = args.per_shard or (100 if args.photos else 1000)
+    tree = os.path.join(args.work, f"tree-{kind}-{args.photos or args.images}")
+    bp.ensure_tree(tree, kind, args.photos or args.images)  # bench_peers' generators, the same images
     n = len(bp.list_tree(tree))
     image_bytes = sum(os.path.getsize(p) for p, _ in bp.list_tree(tree))
     suffix = {lib: f"-{args.compression}" if lib.startswith("shardflow") and args.compression != "none" else "" for lib in libs}
-    data = {lib: os.path.join(args.work, f"{lib}-small-{n}{suffix[lib]}") for lib in libs}
+    data = {lib: os.path.join(args.work, f"{lib}-{kind}-{n}-{args.per_shard}{suffix[lib]}") for lib in libs}
     for lib in libs:
         print(f"converting with {lib}", file=sys.stderr)
         convert(lib, tree, data[lib], n, args)
@@ -324,7 +350,7 @@ def main() -> int:
     try:
         port = int(server.stdout.readline())
         for lib in libs:
-            upload(data[lib], f"{lib}-{n}", port)
+            upload(data[lib], os.path.basename(data[lib]), port)
         proxy = WanProxy(("127.0.0.1", port), args.latency, args.rate)
         runs = [(lib, args.workers) for lib in libs]
         if "shardflow" in libs:
@@ -332,11 +358,14 @@ def main() -> int:
             runs += [("shardflow", w) for w in counts if w != args.workers]
             if args.unstaged:  # each worker streams what it reads itself (IOOptions(staging=False))
                 runs += [("shardflow-unstaged", w) for w in sorted({args.workers, *counts})]
+            if args.cache_epoch:  # epoch 2 from the cache against epoch 2 from the local folder
+                runs += [("shardflow-cache", args.workers), ("shardflow-local", args.workers)]
         results: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in range(args.repeat):
             for lib, workers in runs:
                 print(f"run {r + 1}: {lib}, {workers} workers", file=sys.stderr)
-                res = run_read(lib, f"{lib.split('-')[0]}-{n}", n, workers, proxy, args)
+                base = lib.split("-")[0]
+                res = run_read(lib, os.path.basename(data[base]), n, workers, proxy, args, data[base])
                 if res:
                     results.setdefault((lib, workers), []).append(res)
         report(results, {lib: folder_bytes(data[lib]) for lib in libs}, image_bytes, n, args)
@@ -351,7 +380,9 @@ def report(results: dict[tuple[str, int], list[dict[str, Any]]], stored: dict[st
     def med(runs: list[dict[str, Any]], key: str) -> float:
         return statistics.median(run[key] for run in runs)
 
-    print(f"\n### {n:,} JPEGs of 64x64 ({image_bytes / 1e6:.1f} MB of image bytes), {args.latency * 1e3:g} ms each way, "
+    what = "photo-sized JPEGs (~400x350)" if args.photos else "JPEGs of 64x64"
+    print(f"\n### {n:,} {what} ({image_bytes / 1e6:.1f} MB of image bytes), {args.per_shard} per shard, "
+          f"{args.latency * 1e3:g} ms each way, "
           f"{args.rate / 1e6:g} MB/s shared; median of {args.repeat} alternating runs; load average "
           f"{os.getloadavg()[0]:.2f} at the end\n")
     print("| library, workers | bytes over the link / stored | / image bytes | stored / image bytes | GETs | "
@@ -362,8 +393,8 @@ def report(results: dict[tuple[str, int], list[dict[str, Any]]], stored: dict[st
         gets = statistics.median(run["requests"].get("GET", 0) for run in runs)
         reqs = statistics.median(sum(run["requests"].values()) for run in runs)
         kept = stored[lib.split("-")[0]]
-        print(f"| {lib}, {workers} | {down / kept:.2f}x | {down / image_bytes:.2f}x | "
-              f"{kept / image_bytes:.2f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
+        print(f"| {lib}, {workers} | {down / kept:.3f}x | {down / image_bytes:.3f}x | "
+              f"{kept / image_bytes:.3f}x | {gets:.0f} | {reqs:.0f} | {med(runs, 'epoch'):,.0f} | "
               f"{med(runs, 'first_batch'):.2f} |")
     base = results.get(("shardflow", args.workers))
     if base:
@@ -372,7 +403,12 @@ def report(results: dict[tuple[str, int], list[dict[str, Any]]], stored: dict[st
             other = results.get((peer, args.workers))
             if other:
                 print(f"- epoch shardflow / {peer}: {med(base, 'epoch') / med(other, 'epoch'):.2f}x; first batch "
-                      f"{peer} / shardflow: {med(other, 'first_batch') / med(base, 'first_batch'):.2f}x")
+                      f"shardflow / {peer}: {med(base, 'first_batch') / med(other, 'first_batch'):.2f}x")
+    cached, local = results.get(("shardflow-cache", args.workers)), results.get(("shardflow-local", args.workers))
+    if cached and local:
+        print(f"- epoch 2 through cache_dir / epoch 2 from local disk: {med(cached, 'epoch') / med(local, 'epoch'):.2f}x "
+              f"({med(cached, 'epoch'):,.0f} / {med(local, 'epoch'):,.0f} samples/s; epoch 1 through the cache "
+              f"{med(cached, 'epoch1'):,.0f})")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,9 @@ def read_planned_in_phases(
         if head is not None and not _plain(plan, head, source, io):
             head = None  # a fresh start on a compressed shard: it streams whole, never through the index
     if head is None:
-        yield from read_planned(plan, needed, source, io, policy, offsets, expand, prepare)
+        # a fresh remote start: the fetches of shards after the first batch's wait for its reads
+        hold = int(order[:first].max()) if 0 < first and len(order) else None
+        yield from read_planned(plan, needed, source, io, policy, offsets, expand, prepare, hold=hold)
         return
     now = np.zeros_like(needed)
     now[head] = True

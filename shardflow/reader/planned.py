@@ -41,6 +41,7 @@ def read_planned(
     prepare: Callable[[Sample], list[Any] | None] | None = None,
     *,
     positioned: bool = True,
+    hold: int | None = None,
 ) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
 
@@ -53,24 +54,23 @@ def read_planned(
         offsets: ``offsets(shard)`` returns the shard's offset index or None.
         expand: items per stored sample (one-to-many samples): the plan counts
             items, item ``i`` of a shard comes from sample ``i // expand``.
-        prepare: with ``expand``, turns one raw sample into its
-            ``expand`` items (or None when the sample was dropped); each
-            sample is read and prepared once.
-        positioned: False to yield the items alone (when read order is the
-            order wanted, no reordering needs the positions).
+        prepare: with ``expand``, turns one raw sample into its ``expand`` items (or
+            None when the sample was dropped); each sample is read and prepared once.
+        positioned: False to yield the items alone (read order is the order wanted).
+        hold: the first batch's last read position: remote runs first read after it
+            are opened ahead only once it is read (:class:`~.streams.RunStreams`).
 
     Yields:
         ``(position, item)`` for every needed position, in read order (or the
         ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
     """
     k, many = expand, prepare is not None  # with expand == 1 too: the sample is still prepared
-    table = RunTable.build(plan, needed, source, k, in_blocks=not many and not positioned and fastpath.enabled())
-    if table is None:
+    opened = _open(plan, needed, source, io, policy, offsets, k, not many and not positioned, hold)
+    if opened is None:
         return
-    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets))
+    table, recovery, steps = opened
     streams, cached = recovery.streams, recovery.cached
     iters, last_l, run_url = streams.open, table.last, table.url
-    steps = table.steps()
     try:
         for pos, s, i, want, ahead in steps:
             if s < 0:  # outside every run
@@ -132,6 +132,29 @@ def read_planned(
         streams.close()
 
 
+def _open(
+    plan: RankPlan,
+    needed: np.ndarray,
+    source: ShardSet,
+    io: storage.IOOptions,
+    policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None],
+    k: int,
+    in_blocks: bool,
+    hold: int | None,
+) -> tuple[RunTable, Recovery, Iterator[tuple[int, int, int, bool, int]]] | None:
+    """The run table, its recovery (and streams) and the steps of :func:`read_planned`;
+    None when no position is needed."""
+    table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled())
+    if table is None:
+        return None
+    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold))
+    steps = table.steps()
+    if recovery.streams.limit is not None and hold is not None:
+        steps = _released(steps, hold + 1 - table.lo, recovery.streams.release)
+    return table, recovery, steps
+
+
 def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample | None:
     """The sample dict of a read ``(key, offset, fields)``, or None for a bad sample (``fields``
     a SampleError, handed to ``policy``)."""
@@ -143,6 +166,13 @@ def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample
 
 
 _MISS = object()
+
+
+def _released(steps: Iterator[Any], n: int, release: Callable[[], None]) -> Iterator[Any]:
+    """``steps``, calling ``release`` once its first ``n`` are taken."""
+    yield from islice(steps, max(n, 0))
+    release()
+    yield from steps
 
 
 def _cached(cached: dict[int, tuple[int, list[Any] | None]], s: int, i: int, k: int, last: int) -> Any:

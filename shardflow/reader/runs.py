@@ -115,6 +115,7 @@ class RunTable:
         url: per run, its shard's URL, set on every sample it gives.
         gaps: shard -> the gap its runs read through (:func:`read_through`).
         opening: runs in the order they are first read (the open-ahead order).
+        opened_at: per run of :attr:`opening`, the read position where it is first read.
         lo, hi: the read positions stepped through, ``[lo, hi)``.
         run, sample, wanted: per read position in ``[lo, hi)``: its run (-1:
             none), its sample number in its segment, whether it is needed.
@@ -128,6 +129,7 @@ class RunTable:
     url: list[str]
     gaps: dict[int, int]
     opening: list[int]
+    opened_at: list[int]
     lo: int
     hi: int
     run: list[int]
@@ -160,6 +162,7 @@ class RunTable:
         run_all = run_of(plan, lo, hi, runs)
         # read-ahead order: runs in the order they are first read
         segs, first_at = np.unique(run_all[positions - lo], return_index=True)
+        by_first = np.argsort(first_at, kind="stable")
         shards = [plan.segments[r].shard for r in run_seg.tolist()]
         urls = source.urls
         return cls(
@@ -168,7 +171,8 @@ class RunTable:
             last=last.tolist(),
             url=[urls[sh] for sh in shards],
             gaps=gaps,
-            opening=segs[np.argsort(first_at, kind="stable")].tolist(),
+            opening=segs[by_first].tolist(),
+            opened_at=positions[first_at[by_first]].tolist(),
             lo=lo,
             hi=hi,
             run=run_all.tolist(),

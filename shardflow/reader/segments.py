@@ -117,21 +117,22 @@ def open_segment(
     url = source.urls[shard]
     io = source.options_for(shard, io)  # a source's own storage options
     check = _size_check(source, shard)
+    manifest = source.manifest
+    pin = (manifest.shards[shard].sha256 or None) if manifest is not None else None  # (finds a cached copy)
     if offsets is not None:
         lo, hi = int(offsets[start]), int(offsets[stop])
         frames = source.load_frames(shard, io)  # a framed .tar.zst: tar offsets, served frame by frame
         if frames is not None:
             raw = storage.open_framed(url, lo, hi, frames, io, check_size=check)
         else:
-            raw = storage.open_chunks(url, lo, hi, io, check_size=check)
+            raw = storage.open_chunks(url, lo, hi, io, check_size=check, digest=pin)
         return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1], framed=frames is not None))
-    manifest = source.manifest
     # read to the end: the manifest's digest checks the bytes where the store gives no validator
     # (a local file always has one: its size, mtime and inode, see storage.readers.local)
     sha = manifest.shards[shard].sha256 if manifest is not None and stop >= manifest.shards[shard].samples else None
     if storage.is_local(url):
         sha = None
-    raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha)
+    raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha, digest=pin)
     chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
     samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield",
                            limits=io.limits, starts=walk, walk_starts=walk)

@@ -4,10 +4,15 @@ Opening a run also starts opening the next runs in read order (as many as are
 open at once: the interleave), so their bytes stream while this one is decoded.
 Remote runs open in background threads (loading an offset index is a request
 too); an error there is raised when the run is reached.
+
+A remote pass may hold back the open-ahead of the runs that its first batch does
+not read (:meth:`RunStreams.release` lets it go): on a shared link their fetches
+would take bandwidth from the bytes that the first batch waits for.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,10 +37,17 @@ class RunStreams:
         source: the shards.
         io: storage options.
         offsets: ``offsets(shard)``: the shard's offset index, or None.
+        hold: a read position (the first batch's last): runs first read after it are
+            not opened ahead before :meth:`release` (remote runs only; None: no hold).
     """
 
     def __init__(
-        self, table: RunTable, source: ShardSet, io: storage.IOOptions, offsets: Callable[[int], np.ndarray | None]
+        self,
+        table: RunTable,
+        source: ShardSet,
+        io: storage.IOOptions,
+        offsets: Callable[[int], np.ndarray | None],
+        hold: int | None = None,
     ) -> None:
         self.open: dict[int, Opened] = {}
         self._table = table
@@ -49,20 +61,32 @@ class RunStreams:
         self._ahead = not all(storage.is_local(table.url[run]) for run in table.opening)
         self._pool: ThreadPoolExecutor | None = None
         self._early: dict[int, Future[Opened]] = {}
+        # opening[:limit] may be opened ahead (None: all)
+        self.limit = bisect_right(table.opened_at, hold) if hold is not None and self._ahead else None
 
     def start(self, s: int) -> Opened:
         """Open run ``s`` (or take it from the open-ahead) and start opening the next ones."""
         early = self._early.pop(s, None)
         self._scheduled = max(self._scheduled, self._rank_of[s] + 1)
         it = self.open[s] = early.result() if early is not None else self._open(s)
+        self._open_ahead()
+        return it
+
+    def release(self) -> None:
+        """Let the open-ahead go past the hold (the first batch's reads are done)."""
+        if self.limit is not None:
+            self.limit = None
+            self._open_ahead()
+
+    def _open_ahead(self) -> None:
         opening = self._table.opening
-        while self._ahead and self._scheduled < len(opening) and len(self._early) < len(self.open):
+        end = len(opening) if self.limit is None else min(self.limit, len(opening))
+        while self._ahead and self._scheduled < end and len(self._early) < len(self.open):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(OPENERS, thread_name_prefix="shardflow-open")
             ahead = opening[self._scheduled]
             self._early[ahead] = self._pool.submit(self._open, ahead)
             self._scheduled += 1
-        return it
 
     def reseek(self, s: int, start: int) -> Opened:
         """Open run ``s`` again through the shard's offset index at sample ``start``."""

@@ -93,9 +93,24 @@ class ShardCache:
         """Yield the local path of ``url``'s cached copy (downloading it if needed),
         held in use until exit; ``None`` when it cannot be cached (no size reported,
         larger than the limit, no room left beside shards in use, a full disk, or
-        neither ``sha256`` nor a validator to check a copy by: see :func:`cacheable`)."""
+        neither ``sha256`` nor a validator to check a copy by: see :func:`cacheable`).
+
+        A copy filled and checked against ``sha256`` (the manifest's digest) is found
+        again by that digest without a request: it holds the very bytes the manifest
+        lists, so a later epoch reads its shards from the cache without asking the
+        store (a new manifest, a new digest, a new entry). Else the object's identity
+        (one ``HEAD``) names the copy, and a changed object gets a fresh entry."""
         import fcntl
 
+        pinned = self._pinned(url, sha256) if sha256 else None
+        if pinned is not None:
+            lock_fd, lock_path, data = pinned
+            try:
+                self._touch(data)
+                yield data
+            finally:
+                self._release(lock_fd, lock_path)
+            return
         fs, path = filesystem(url, options)
         info = call_with_retries(url, 0, options, lambda: fresh_info(fs, path, options.request_timeout))
         size = info.get("size")
@@ -115,11 +130,12 @@ class ShardCache:
                     break
                 self._release(lock_fd, lock_path)
                 lock_fd = self._lock(lock_path, fcntl.LOCK_EX)
-                if not self._present(data, size) and not self._download(
-                    url, key, data, size, identity, options, sha256
-                ):
-                    yield None
-                    return
+                if not self._present(data, size):
+                    if not self._download(url, key, data, size, identity, options, sha256):
+                        yield None
+                        return
+                    if sha256:  # the fill was checked against it
+                        self._pin(url, sha256, data)
                 # converting EX -> SH is not atomic; eviction may slip in: check again
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)
                 if self._present(data, size) and self._same_file(lock_fd, lock_path):
@@ -129,13 +145,48 @@ class ShardCache:
             else:
                 yield None
                 return
-            with contextlib.suppress(OSError):  # the use time that LRU eviction sorts by
-                now = time.time_ns()
-                os.utime(data, ns=(now, now))
+            self._touch(data)
             yield data
         finally:
             if lock_fd is not None:
                 self._release(lock_fd, lock_path)
+
+    @staticmethod
+    def _touch(data: str) -> None:
+        with contextlib.suppress(OSError):  # the use time that LRU eviction sorts by
+            now = time.time_ns()
+            os.utime(data, ns=(now, now))
+
+    def _pin_path(self, url: str, sha256: str) -> str:
+        return os.path.join(self.root, ".pin-" + self.key(url, {"sha256": sha256}))
+
+    def _pin(self, url: str, sha256: str, data: str) -> None:
+        """Name the copy ``data`` by the digest it was checked against (a symbolic link,
+        skipped by the size count and eviction; dangling once the copy is evicted)."""
+        pin = self._pin_path(url, sha256)
+        tmp = f"{pin}.{secrets.token_hex(6)}"
+        with contextlib.suppress(OSError):
+            os.symlink(os.path.basename(data), tmp)
+            os.replace(tmp, pin)
+
+    def _pinned(self, url: str, sha256: str) -> tuple[int, str, str] | None:
+        """``(lock descriptor, lock path, copy)`` of the copy pinned to ``sha256``, held
+        in use (a shared lock on its entry), or None when there is none (any more)."""
+        import fcntl
+
+        try:
+            name = os.readlink(self._pin_path(url, sha256))
+        except OSError:
+            return None
+        if os.sep in name or name.startswith("."):
+            return None  # not one this cache wrote
+        data = os.path.join(self.root, name)
+        lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
+        fd = self._lock(lock_path, fcntl.LOCK_SH)
+        if os.path.isfile(data):  # (complete: a copy is renamed into place once filled and checked)
+            return fd, lock_path, data
+        self._release(fd, lock_path)
+        return None
 
     @classmethod
     def _lock(cls, path: str, how: int) -> int:

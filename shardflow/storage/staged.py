@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Fetch", "staged_chunks"]
 
-FETCH_CHUNK = 256 << 10  # bytes per read of a fetch: how often waiting readers see progress
+FETCH_CHUNK = 64 << 10  # bytes per read of a fetch: how often waiting readers see progress (a reader
+# waiting for a first batch's samples sees them as they come, not a quarter MiB later)
 READ_CHUNK = 1 << 20  # bytes per chunk given to the tar reader
 _POLL_FIRST, _POLL_MAX = 0.0005, 0.01  # seconds between looks at a block being written
 

@@ -18,7 +18,7 @@ __all__ = ["open_chunks"]
 def open_chunks(url: str, start: int = 0, end: int | None = None,
                 options: IOOptions = DEFAULT_OPTIONS, *,
                 check_size: Callable[[int], None] | None = None,
-                sha256: str | None = None) -> Iterator[bytes]:
+                sha256: str | None = None, digest: str | None = None) -> Iterator[bytes]:
     """The byte stream the tar reader consumes: cache, then retried reads, then read-ahead.
 
     With ``options.cache_dir`` set and a remote ``url``, the whole object is first
@@ -37,6 +37,9 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         sha256: the manifest's digest of the object, checked at the end of a
             whole read from a store that sends no validator (see
             :func:`~shardflow.storage.reading.retried_chunks`).
+        digest: the manifest's sha256 of the object, for any range: with
+            ``options.cache_dir``, the cached copy is checked against it when
+            filled and found by it again without a request (default: ``sha256``).
 
     Returns:
         An iterator of ``bytes`` chunks as :func:`iter_chunks`; close it to release
@@ -49,7 +52,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         # (measured: ~20% of raw iteration time spent waiting on its queue).
         return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     if options.cache_dir is not None:
-        source = cached_chunks(url, start, end, options, check_size, sha256)
+        source = cached_chunks(url, start, end, options, check_size, digest or sha256)
     elif options.staging_scope is not None:  # the rank's workers share the fetches, in threads of their own
         return staged_chunks(url, start, end, options, check_size, sha256)
     else:
