@@ -66,3 +66,22 @@ def test_a_key_reappearing_is_still_caught_with_long_keys(tmp_path: Path) -> Non
     (tmp_path / "a.tar").write_bytes(data)
     with pytest.raises(SampleError, match="reappears"):
         list(shardflow.ShardDataset(str(tmp_path / "a.tar"), decode=None))
+
+
+def test_a_key_set_answers_as_a_set_of_its_keys() -> None:
+    """Short and long keys, added one by one and in bulk, asked one by one and in bulk."""
+    from shardflow.format.keys import KeySet
+
+    short, long = [f"s{i}" for i in range(5)], [f"{i}" + "k" * 100 for i in range(5)]
+    for added in (short[:3], long[:3], short[:2] + long[:2]):
+        ks, ref = KeySet(), set(added)
+        ks.update(added[:1])
+        for k in added[1:]:
+            ks.add(k)
+        assert len(ks) == len(ref)
+        for probe in (short, long, short + long, short[3:], long[3:], [], [long[0][:64]]):
+            assert ks.isdisjoint(probe) == ref.isdisjoint(probe), (added, probe)
+            assert [k in ks for k in probe] == [k in ref for k in probe]
+        bulk = KeySet()
+        bulk.update(iter(added))
+        assert all(k in bulk for k in added) and len(bulk) == len(ref)

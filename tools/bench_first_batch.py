@@ -4,9 +4,10 @@
 What is timed is what ``tools/bench_peers.py`` times (``measure()``): building the
 dataset and its 2-worker loader (``load_state_dict`` of a mid-epoch state for the
 resumed case), ``iter()`` and the first ``next()``. Each timing runs in a fresh
-process, after an untimed warm-up in that process (the imports and one decoded
-sample, as in ``bench_peers.py`` where the raw and decode passes come first); the
-processes alternate the libraries (A B A B ...) for ``--rounds`` rounds. The
+process that has imported torch, PIL, numpy and the library and decoded nothing yet,
+as a training script's first batch is (``--warm-up decode`` also decodes one sample
+first, untimed, as in ``bench_peers.py`` where the raw and decode passes come first);
+the processes alternate the libraries (A B A B ...) for ``--rounds`` rounds. The
 mid-epoch states are taken once per library and data set, half an epoch in, and
 saved under ``--work``.
 
@@ -15,6 +16,7 @@ Data: the converted data sets of ``tools/bench_peers.py`` (``--data DIR`` holdin
 ``litdata-photo-5000``; made by ``bench_peers.py --work DIR``).
 
 usage: python tools/bench_first_batch.py --data DIR [--rounds 10] [--sets small,photo] [--work DIR]
+                                         [--warm-up imports|decode]
 """
 
 from __future__ import annotations
@@ -67,6 +69,18 @@ def make_loader(lib: str, data: str, state: Any = None) -> Any:
     return ld
 
 
+def import_only(lib: str) -> None:
+    """What a training script has imported before it builds its loader."""
+    import numpy  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import torch.utils.data  # noqa: F401
+
+    if lib == "shardflow":
+        import shardflow  # noqa: F401
+    else:
+        import litdata  # noqa: F401
+
+
 def warm_up(lib: str, data: str) -> None:
     """Imports and one decoded sample in this process, untimed."""
     if lib == "shardflow":
@@ -83,8 +97,11 @@ def warm_up(lib: str, data: str) -> None:
     import torch.utils.data  # noqa: F401
 
 
-def child(lib: str, data: str, state_file: str | None) -> None:
-    warm_up(lib, data)
+def child(lib: str, data: str, state_file: str | None, warm: str) -> None:
+    if warm == "decode":
+        warm_up(lib, data)
+    else:
+        import_only(lib)
     state = None
     if state_file:
         with open(state_file, "rb") as f:
@@ -127,12 +144,14 @@ def main() -> int:
     p.add_argument("--sets", default="small,photo")
     p.add_argument("--cases", default="fresh,resume")
     p.add_argument("--work", default=None, help="where the mid-epoch states are kept (default: a temporary folder)")
-    p.add_argument("--child", nargs=3, metavar=("LIB", "DATA", "STATE"), help=argparse.SUPPRESS)
+    p.add_argument("--warm-up", choices=("imports", "decode"), default="imports",
+                   help="before the timing, in each fresh process: the imports only, or also one decoded sample")
+    p.add_argument("--child", nargs=4, metavar=("LIB", "DATA", "STATE", "WARM"), help=argparse.SUPPRESS)
     p.add_argument("--save-state", nargs=4, metavar=("LIB", "DATA", "N", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        lib, data, state = a.child
-        child(lib, data, None if state == "-" else state)
+        lib, data, state, warm = a.child
+        child(lib, data, None if state == "-" else state, warm)
         return 0
     if a.save_state:
         lib, data, n, out = a.save_state
@@ -158,8 +177,8 @@ def main() -> int:
                 order = LIBS if r % 2 == 0 else LIBS[::-1]
                 for lib in order:
                     st = states[lib] if case == "resume" else "-"
-                    times[(lib, case)].append(run(["--child", lib, paths[lib], st]))
-        print(f"\n{name} ({n} samples), {a.rounds} rounds, median [min-max] seconds")
+                    times[(lib, case)].append(run(["--child", lib, paths[lib], st, a.warm_up]))
+        print(f"\n{name} ({n} samples), {a.rounds} rounds, warm-up: {a.warm_up}, median [min-max] seconds")
         for case in cases:
             sf, lt = times[("shardflow", case)], times[("litdata", case)]
             ratios = [b / x for x, b in zip(sf, lt)]

@@ -24,6 +24,8 @@ Each library runs in a process of its own per repetition, and repetitions
 alternate the libraries (A B C A B C ...), so that machine noise hits all alike.
 shardflow's sources are byte-compiled first, as an installed package's are (see
 :func:`byte_compile_shardflow`).
+``shardflow-noseed`` (a reader only: shardflow's data, ``sample_seeding=False``) is
+the baseline of what per-sample seeding costs, read alternated beside ``shardflow``.
 The table gives medians and [min-max] ranges; the ratios are what to compare
 across machines.
 
@@ -50,7 +52,9 @@ import numpy as np
 # the peers' decode wraps Pillow's read-only array without a copy, as a user's would
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
-LIBS = ("shardflow", "litdata", "mosaic", "webdataset", "files")
+LIBS = ("shardflow", "litdata", "mosaic", "webdataset", "files", "shardflow-noseed")
+# readers only: they read another library's converted data instead of converting their own
+READS_OF = {"shardflow-noseed": "shardflow"}
 BATCH = 64
 WORKERS = 2
 
@@ -238,7 +242,9 @@ class Pipelines:
     """What one library does on one data set: raw, decode and loader builders."""
 
     def __init__(self, lib: str, data: str, tree: str, n: int) -> None:
-        self.lib, self.data, self.tree, self.n = lib, data, tree, n
+        self.lib, self.data, self.tree, self.n = READS_OF.get(lib, lib), data, tree, n
+        # shardflow-noseed: shardflow with per-sample seeding off, the baseline of its cost
+        self.options = {"sample_seeding": False} if lib == "shardflow-noseed" else {}
 
     # raw iteration: an iterator of (bytes, cls) or dict samples
     def raw(self) -> Any:
@@ -246,7 +252,7 @@ class Pipelines:
         if lib == "shardflow":
             import shardflow
 
-            return shardflow.ShardDataset(data, decode=None)
+            return shardflow.ShardDataset(data, decode=None, **self.options)
         if lib == "litdata":
             import litdata
 
@@ -266,7 +272,7 @@ class Pipelines:
 
             options = {"jpeg_decoder": "simplejpeg"} if fast else {}
             return shardflow.ShardDataset(self.data, decode=shardflow.DecodeOptions(image="numpy", **options),
-                                          fields=("jpg", "cls"))
+                                          fields=("jpg", "cls"), **self.options)
         if lib == "webdataset":
             import webdataset as wds
 
@@ -281,7 +287,7 @@ class Pipelines:
             import shardflow
 
             options = shardflow.DecodeOptions(image="torch", jpeg_decoder="simplejpeg" if fast else "pillow")
-            ds = shardflow.ShardDataset(data, shuffle=True, decode=options, fields=("jpg", "cls"))
+            ds = shardflow.ShardDataset(data, shuffle=True, decode=options, fields=("jpg", "cls"), **self.options)
             ld = shardflow.loader(ds, batch_size=BATCH, num_workers=WORKERS)
         elif lib == "litdata":
             import litdata
@@ -377,7 +383,7 @@ def measure(lib: str, data: str, tree: str, n: int, quick: bool) -> dict[str, fl
     out: dict[str, float] = {}
     out["raw"] = timed_count(p.raw, 0.3 if quick else 1.0)
     out["decode"] = timed_count(p.decoded, 0.3 if quick else 1.0, passes=1 if not quick else 2)
-    if lib == "shardflow":
+    if p.lib == "shardflow":
         try:
             import simplejpeg  # noqa: F401
 
@@ -494,7 +500,8 @@ def report(name: str, n: int, results: dict[str, dict[str, list[float]]], repeat
         ("time to first batch (2 workers)", "first_batch", "s"),
         ("first batch after a mid-epoch resume", "resume_first_batch", "s"),
     ]
-    libs = [lib for lib in ("shardflow", "litdata", "mosaic", "webdataset", "files", "tar") if lib in results]
+    libs = [lib for lib in ("shardflow", "shardflow-noseed", "litdata", "mosaic", "webdataset", "files", "tar")
+            if lib in results]
     print("| | " + " | ".join(libs) + " |")
     print("|---|" + "---:|" * len(libs))
     for label, key, unit in rows:
@@ -523,6 +530,12 @@ def report(name: str, n: int, results: dict[str, dict[str, list[float]]], repeat
               med(peer, "resume_first_batch"), True)
         ratio(f"conversion / {peer}", med("shardflow", "convert"), med(peer, "convert"))
     ratio("conversion / tar cf", med("shardflow", "convert"), med("tar", "convert"))
+    ratio("loader epoch / shardflow-noseed (per-sample seeding on / off)", med("shardflow", "epoch"),
+          med("shardflow-noseed", "epoch"))
+    a, b = results.get("shardflow", {}).get("epoch", []), results.get("shardflow-noseed", {}).get("epoch", [])
+    if a and len(a) == len(b):
+        paired = ", ".join(f"{x / y:.3f}" for x, y in zip(a, b))
+        print(f"\nloader epoch, shardflow / shardflow-noseed, run by run: {paired}")
     if lim.get("pillow"):
         ratio("read + decode / Pillow limit", med("shardflow", "decode"), statistics.median(lim["pillow"]))
         if sf.get("decode_fast"):
@@ -586,10 +599,10 @@ def main() -> int:
         print(f"[{name}] making {n} images in {tree}", file=sys.stderr)
         ensure_tree(tree, name, n)
         n = len(list_tree(tree))
-        data = {lib: os.path.join(args.work, f"{lib}-{name}-{n}") for lib in libs + ["tar"]}
+        data = {lib: os.path.join(args.work, f"{READS_OF.get(lib, lib)}-{name}-{n}") for lib in libs + ["tar"]}
         data["files"] = tree
         results: dict[str, dict[str, list[float]]] = {}
-        converters = [lib for lib in libs + ["tar"] if lib != "files"]
+        converters = [lib for lib in libs + ["tar"] if lib != "files" and lib not in READS_OF]
         for r in range(0 if args.no_convert else args.repeat):
             for lib in converters:
                 print(f"[{name}] run {r + 1}: convert {lib}", file=sys.stderr)
@@ -600,7 +613,7 @@ def main() -> int:
             print(f"[{name}] run {r + 1}: decode limits", file=sys.stderr)
             for k, v in run_child("limits", "-", tree, "-", n, per_shard, args.quick).items():
                 results.setdefault("limits", {}).setdefault(k, []).append(v)
-            for lib in libs:
+            for lib in (libs if r % 2 == 0 else libs[::-1]):  # A B C, then C B A
                 print(f"[{name}] run {r + 1}: read {lib}", file=sys.stderr)
                 for k, v in run_child("read", lib, tree, data[lib], n, per_shard, args.quick).items():
                     results.setdefault(lib, {}).setdefault(k, []).append(v)

@@ -43,16 +43,27 @@ class KeySet:
         self._items.add(self._token(key))
 
     def update(self, keys: Iterable[str]) -> None:
-        self._items.update(self._token(k) for k in keys)
+        keys = list(keys)
+        # a reader adds every key of a shard: all short ones (the rule) go in as they are, at C speed
+        self._items.update(keys if _all_short(keys) else map(self._token, keys))
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._token(key) in self._items
 
     def isdisjoint(self, keys: Iterable[str]) -> bool:
+        keys = list(keys)
+        if _all_short(keys):  # a short key is kept as itself (a str: never equal to a digest)
+            return self._items.isdisjoint(keys)
         return not any(k in self for k in keys)
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _all_short(keys: list[str]) -> bool:
+    """Whether every one of ``keys`` (str) is kept as itself in a :class:`KeySet`."""
+    return not keys or max(map(len, keys)) <= _SHORT
+
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     "jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif",

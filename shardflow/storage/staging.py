@@ -102,9 +102,13 @@ def staged_epoch(items: Iterator[Any], options: IOOptions) -> Iterator[Any]:
     the first ``next()``, left when ``items`` ends or is closed (the last worker out
     removes the area)."""
     scope = options.staging_scope
-    if scope is None:
-        yield from items
-        return
+    if scope is None:  # nothing to enter: no generator frame per sample on the read path
+        return items
+    return _staged(items, scope)
+
+
+def _staged(items: Iterator[Any], scope: StagingScope) -> Iterator[Any]:
+    """``items`` inside ``scope``'s staging area (see :func:`staged_epoch`)."""
     fd = _enter(scope)
     try:
         yield from items
