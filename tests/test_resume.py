@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from shardflow import ShardDataset
-from shardflow.errors import StateError
+from shardflow.errors import ShardflowError, StateError
 # `shardflow.loader` (the function) is shadowed by the submodule once another test imports it:
 # take the function from its module.
 from shardflow.loading import ShardLoader
@@ -227,6 +227,51 @@ def test_c11_break_without_saving_starts_a_new_epoch(c11: Path, workers: int, pe
             break
     assert [canonical(b) for b in ld] == epoch1  # not the rest of epoch 0, not epoch 0 again
     assert epoch0 != epoch1
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_second_iter_before_the_first_ends(c11: Path, workers: int, persistent: bool) -> None:
+    """Two iter() of one loader, the first not finished. The second reads epoch 1 whole and the
+    state follows it. Persistent workers serve one DataLoader iterator: advancing the first one
+    took batches 3-4 of epoch 1 from under the second (which then yielded 20 of 22), counted in
+    epoch 0's run; it must raise instead. Without persistent workers both read their own epoch."""
+    make = loader_maker(c11, workers=workers, **({"persistent_workers": True} if persistent else {}))
+    first = make()
+    epoch0, epoch1 = [canonical(b) for b in first], [canonical(b) for b in first]
+    ld = make()
+    one = iter(ld)
+    if persistent:  # one DataLoader iterator: the first must have started
+        got_one = [canonical(next(one)) for _ in range(3)]
+    two = iter(ld)  # without persistent workers, before the first next() of the first
+    if not persistent:
+        got_one = [canonical(next(one)) for _ in range(3)]
+    got_two = [canonical(next(two)) for _ in range(3)]
+    assert got_one == epoch0[:3] and got_two == epoch1[:3]
+    assert ld.state_dict()["epoch"] == 1 and ld.state_dict()["remaining"] == [[1, 3]]
+    if persistent:
+        with pytest.raises(ShardflowError, match="superseded by a later iter"):
+            next(one)
+    else:
+        assert [canonical(next(one)) for _ in range(2)] == epoch0[3:5]
+    assert [canonical(b) for b in two] == epoch1[3:]
+    assert ld.state_dict()["epoch"] == 2 and ld.state_dict()["remaining"] == []
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_set_epoch_between_iter_and_first_batch_is_the_next_epochs(c11: Path, workers: int, persistent: bool) -> None:
+    """iter() starts the epoch the run names (0); a set_epoch(2) before its first batch is for
+    the next iter(). The run (and its state) said epoch 0 while the DataLoader, started lazily,
+    read epoch 2."""
+    make = loader_maker(c11, workers=workers, **({"persistent_workers": True} if persistent else {}))
+    first = make()
+    epochs = [[canonical(b) for b in first] for _ in range(3)]
+    ld = make()
+    it = iter(ld)
+    ld.dataset.set_epoch(2)
+    head = [canonical(next(it)) for _ in range(4)]
+    assert head == epochs[0][:4] and ld.state_dict()["epoch"] == 0
+    assert [canonical(b) for b in it] == epochs[0][4:]
+    assert [canonical(b) for b in ld] == epochs[2]
 
 
 def test_state_right_after_loading_keeps_the_position(c11: Path) -> None:
