@@ -300,3 +300,16 @@ def test_unsized_batches_leave_the_training_loops_generators_as_they_were(bare: 
     process and was never undone, so all three of its generators were reset to the last batch's seed."""
     assert bare_states_after(bare, draw, True) == bare_states_after(bare, identity, False)
     assert bare_states_after(bare, None, True) == bare_states_after(bare, identity, False)
+
+
+@pytest.mark.parametrize("option, names", [(np.bool_(True), ("torch", "numpy", "python")), (np.bool_(False), ())])
+def test_a_numpy_bool_is_a_bool(data: Path, option: Any, names: tuple[str, ...]) -> None:
+    """np.bool_ (a config read with numpy) failed with "'numpy.bool' object is not iterable"."""
+    assert ShardDataset(data, sample_seeding=option).sample_seeding == names
+
+
+@pytest.mark.parametrize("option", [1, 0, 2.5])
+def test_a_number_is_refused_by_name(data: Path, option: Any) -> None:
+    """sample_seeding=1 failed with "'int' object is not iterable", naming nothing."""
+    with pytest.raises(TypeError, match="sample_seeding must be True, False or generator names"):
+        ShardDataset(data, sample_seeding=option)
