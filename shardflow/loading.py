@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .collation import collate as default_collate
@@ -136,19 +137,17 @@ class ShardLoader:
         run = self._coming()
         self._pending = None
         self._run = run
-        # the DataLoader's iterator now, not at the first next(): the epoch the run names is the one
-        # the dataset starts (a second iter() or a set_epoch() before that next() changed it)
-        with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
-            it = iter(self._dataloader(fresh=run.resumed))
-        return self._batches(run, it)
+        return self._batches(run, run.start())
 
-    def _batches(self, run: EpochRun, it: Iterator[Any]) -> Iterator[Any]:
+    def _batches(self, run: EpochRun, starting: AbstractContextManager[None]) -> Iterator[Any]:
+        with starting:  # the workers start now (forked or pickled) and copy the epoch's start
+            it = iter(self._dataloader(fresh=run.resumed))
         self._active = True
         last: Any = None
         owed = 0  # planned batches whose samples were all dropped, before any batch arrived
         again = 0  # samples yielded again in the repeated batches
         try:
-            for item in self._while_current(it, run):
+            for item in it:
                 if not isinstance(item, WorkerItem):
                     raise ShardflowError(f"internal: a worker yielded {type(item).__name__}, not a batch")
                 if item.pools:
@@ -174,8 +173,7 @@ class ShardLoader:
                 yield item.data
             run.finish(owed, again)
         finally:
-            if self._run is run:  # an older iterator ending leaves the current one active
-                self._active = False
+            self._active = False
             run.close()
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
@@ -184,30 +182,6 @@ class ShardLoader:
                 del it
                 transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
                 self._pools.clear()
-
-    def _while_current(self, it: Iterator[Any], run: EpochRun) -> Iterator[Any]:
-        """``it``'s items; with persistent workers, only while ``run`` is the loader's epoch.
-
-        Persistent workers serve one DataLoader iterator: a later ``iter()`` of the loader
-        resets it for the next epoch, so an older iterator would take that epoch's batches
-        from under the new one (lost to it, and counted in the wrong epoch's state).
-
-        Raises:
-            ShardflowError: the older iterator is advanced after a later ``iter()``.
-        """
-        shared = self.num_workers > 0 and self._dl_kwargs.get("persistent_workers")
-        while True:
-            if shared and self._run is not run:
-                raise ShardflowError(
-                    f"this iterator of epoch {run.epoch} was superseded by a later iter() of the loader (epoch "
-                    f"{self._run.epoch if self._run is not None else '?'}): with persistent_workers the workers "
-                    "serve one iterator at a time; finish or drop an iterator before starting the next"
-                )
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            yield item
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch: which batches the training loop has received.

@@ -229,12 +229,24 @@ def test_c11_break_without_saving_starts_a_new_epoch(c11: Path, workers: int, pe
     assert epoch0 != epoch1
 
 
+REASON_EPOCH = (
+    "the loader's EpochRun fixes its epoch at iter(), but the dataset (and the DataLoader workers) "
+    "take theirs at the first next() from the shared epoch counters, which a later iter() or "
+    "set_epoch() changes in between: the data and the run's state then name different epochs. "
+    "Not a small fix: the run must be started (or re-targeted) at the first next() and the workers "
+    "must take the run's epoch, not the counters, while Lightning's iter()-then-set_epoch(0) order "
+    "(tests/test_frameworks.py) keeps working"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=REASON_EPOCH)
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 def test_a_second_iter_before_the_first_ends(c11: Path, workers: int, persistent: bool) -> None:
-    """Two iter() of one loader, the first not finished. The second reads epoch 1 whole and the
-    state follows it. Persistent workers serve one DataLoader iterator: advancing the first one
-    took batches 3-4 of epoch 1 from under the second (which then yielded 20 of 22), counted in
-    epoch 0's run; it must raise instead. Without persistent workers both read their own epoch."""
+    """Two iter() of one loader, the first not finished: the first reads epoch 0, the second
+    epoch 1 whole, and the state follows the second. Today both iter() before a next() make the
+    first read epoch 1 (mixed with 2 workers). With persistent workers (one DataLoader iterator)
+    advancing the first after the second started took batches 3-4 of epoch 1 from under the
+    second (it then yielded 20 of 22, the two counted in epoch 0's run): it must raise instead."""
     make = loader_maker(c11, workers=workers, **({"persistent_workers": True} if persistent else {}))
     first = make()
     epoch0, epoch1 = [canonical(b) for b in first], [canonical(b) for b in first]
@@ -257,21 +269,27 @@ def test_a_second_iter_before_the_first_ends(c11: Path, workers: int, persistent
     assert ld.state_dict()["epoch"] == 2 and ld.state_dict()["remaining"] == []
 
 
+@pytest.mark.xfail(strict=True, reason=REASON_EPOCH)
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
-def test_set_epoch_between_iter_and_first_batch_is_the_next_epochs(c11: Path, workers: int, persistent: bool) -> None:
-    """iter() starts the epoch the run names (0); a set_epoch(2) before its first batch is for
-    the next iter(). The run (and its state) said epoch 0 while the DataLoader, started lazily,
-    read epoch 2."""
+def test_set_epoch_between_iter_and_first_batch_names_the_state(c11: Path, workers: int, persistent: bool) -> None:
+    """Lightning calls iter() and then (ShardEpochs) set_epoch(0) before the first batch. The
+    data follow set_epoch (here 2), but the run's state said epoch 0 (after a check iter(), 1):
+    a checkpoint in that epoch resumed another epoch's batches."""
     make = loader_maker(c11, workers=workers, **({"persistent_workers": True} if persistent else {}))
     first = make()
-    epochs = [[canonical(b) for b in first] for _ in range(3)]
+    epochs = [[canonical(b) for b in first] for _ in range(4)]
     ld = make()
     it = iter(ld)
     ld.dataset.set_epoch(2)
     head = [canonical(next(it)) for _ in range(4)]
-    assert head == epochs[0][:4] and ld.state_dict()["epoch"] == 0
-    assert [canonical(b) for b in it] == epochs[0][4:]
-    assert [canonical(b) for b in ld] == epochs[2]
+    assert head == epochs[2][:4]
+    state = ld.state_dict()
+    assert state["epoch"] == 2 and state["remaining"] == [[1, 4]]
+    assert [canonical(b) for b in it] == epochs[2][4:]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [canonical(b) for b in resumed] == epochs[2][4:]
+    assert [canonical(b) for b in ld] == epochs[3]
 
 
 def test_state_right_after_loading_keeps_the_position(c11: Path) -> None:

@@ -94,12 +94,10 @@ class LoaderContract:
         self.stats = run.stats
         self.world()  # detect the ranks here, in the main process: workers get them with the dataset
         self._in_loader = True
-        self._loader_epoch = run.epoch  # workers started now copy it
         try:
             yield
         finally:
             self._in_loader = False
-            self._loader_epoch = None
             self._resume = None  # the workers hold their copy
             if self.stats is not run.stats:  # a pass started in this process (num_workers=0) counts in its own
                 run.count_here(self.stats)

@@ -192,7 +192,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         self._resume: ResumePoint | None = None
         self._layout: tuple[int, tuple[tuple[int, int], ...]] | None = None  # (epoch, earlier stages) of a resumed epoch
         self._user_epoch: int | None = None
-        self._loader_epoch: int | None = None  # the loader run's epoch, for the workers it starts
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
         self._cost_cache: tuple[tuple[str, ...], np.ndarray] | None = None
@@ -400,11 +399,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             return epoch
         n = int(self._control[1 + worker])
         self._control[1 + worker] = n + 1
-        if self._in_loader and self._loader_epoch is not None:
-            # a loader's worker, first pass: the epoch of the run that started it (copied), not the
-            # shared counters, which a later iter() of the loader may have reset in between
-            epoch, self._loader_epoch = self._loader_epoch, None
-            return epoch
         return int(self._control[0]) + n
 
     def __getstate__(self) -> dict[str, Any]:
