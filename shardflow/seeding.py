@@ -93,11 +93,14 @@ def generators(option: bool | str | Iterable[str] | None) -> tuple[str, ...]:
 
     Raises:
         ValueError: a name that is not one of :data:`GENERATORS`.
+        TypeError: neither a bool nor names (an int, say).
     """
-    if option is True:
-        return GENERATORS
-    if option is False or option is None:
+    if isinstance(option, (bool, np.bool_)):
+        return GENERATORS if option else ()
+    if option is None:
         return ()
+    if not isinstance(option, (str, Iterable)):
+        raise TypeError(f"sample_seeding must be True, False or generator names out of {list(GENERATORS)}, got {option!r}")
     names = {option} if isinstance(option, str) else set(option)
     unknown = sorted(str(n) for n in names - set(GENERATORS))
     if unknown:

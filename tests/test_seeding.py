@@ -260,3 +260,56 @@ def test_expand_draws_follow_the_sample_and_end_with_it(data: Path) -> None:
         g = torch.Generator()
         g.manual_seed(sample_seed(SEED, 0, key))
         assert t == float(torch.rand((), generator=g))
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6 shards of 40 without a manifest (an unsized stream): each worker batches its own shards."""
+    return make_shards(tmp_path_factory.mktemp("seeding-bare"), [40] * 6, manifest=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_unsized_collate_draws_are_seeded_by_the_batchs_position(bare: Path, workers: int) -> None:
+    """Without a manifest each worker numbers its own batches 0, 1, ...: batch 0 of worker 0 and
+    batch 0 of worker 1 were seeded alike and drew the same MixUp weight (0.5553 twice). A batch
+    is seeded as the rank's batch at the position the DataLoader yields it (n * workers + worker)."""
+    ds = ShardDataset(bare, seed=SEED)
+    got = [b["mix"] for b in make_loader(ds, batch_size=BATCH, num_workers=workers, collate_fn=noisy_collate,
+                                         timeout=60 if workers else 0)]
+    assert len(got) == N // BATCH  # 40 per shard, 2 or 3 whole shards per worker: no short batch
+    want = []
+    for i in range(N // BATCH):
+        g = torch.Generator()
+        g.manual_seed(batch_seed(SEED, 0, 0, i))
+        want.append(float(torch.rand((), generator=g)))
+    assert got == want
+    assert len(set(got)) == N // BATCH
+
+
+def bare_states_after(bare: Path, transform: Any, sample_seeding: Any) -> tuple[float, float, float]:
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    ds = ShardDataset(bare, seed=SEED, transform=transform, sample_seeding=sample_seeding)
+    assert len(list(make_loader(ds, batch_size=BATCH, num_workers=0))) == N // BATCH
+    return (float(torch.rand(())), float(np.random.rand()), random.random())
+
+
+def test_unsized_batches_leave_the_training_loops_generators_as_they_were(bare: Path) -> None:
+    """num_workers=0 without a manifest: the batch seeding (and the transform's) ran in the training
+    process and was never undone, so all three of its generators were reset to the last batch's seed."""
+    assert bare_states_after(bare, draw, True) == bare_states_after(bare, identity, False)
+    assert bare_states_after(bare, None, True) == bare_states_after(bare, identity, False)
+
+
+@pytest.mark.parametrize("option, names", [(np.bool_(True), ("torch", "numpy", "python")), (np.bool_(False), ())])
+def test_a_numpy_bool_is_a_bool(data: Path, option: Any, names: tuple[str, ...]) -> None:
+    """np.bool_ (a config read with numpy) failed with "'numpy.bool' object is not iterable"."""
+    assert ShardDataset(data, sample_seeding=option).sample_seeding == names
+
+
+@pytest.mark.parametrize("option", [1, 0, 2.5])
+def test_a_number_is_refused_by_name(data: Path, option: Any) -> None:
+    """sample_seeding=1 failed with "'int' object is not iterable", naming nothing."""
+    with pytest.raises(TypeError, match="sample_seeding must be True, False or generator names"):
+        ShardDataset(data, sample_seeding=option)

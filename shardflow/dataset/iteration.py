@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import reader, storage
-from ..batching import Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
+from ..batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..collation import takes_graph_records
 from ..errors import ShardflowError
 from ..plan import shuffle_buffer, split_unsized, worker_batches
@@ -167,30 +167,40 @@ class Iteration:
         items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
         counted = count_good(items, policy)
         seeder = self._seeder(world, epoch)
-        try:
-            if self.sized:
-                def seed_batch(index: int) -> None:
-                    seeder.batch(ids[index])
+        if self.sized:
+            def seed_batch(index: int) -> None:
+                seeder.batch(ids[index])
 
-                batches = reader.batched(counted, sizes, b.collate, seed_batch)
-                # in the training process (num_workers=0), its own generators stay where it left them
-                restore = self.sample_seeding and not World.in_worker()
-                for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
-                    yield WorkerItem(world.worker, ids[index], batch, policy.snapshot())
-            else:
-                n = skip
-                while True:
-                    group = [x for x in take(counted, b.batch_size)]
-                    full = len(group) == b.batch_size
-                    group = [x for x in group if x is not None]
-                    if group and (full or not b.drop_last):
-                        seeder.batch(n)
-                        yield WorkerItem(world.worker, n, b.collate(group), policy.snapshot())
-                    n += 1
-                    if not full:
-                        break
+            batches = ((ids[i], batch) for i, batch in reader.batched(counted, sizes, b.collate, seed_batch))
+        else:
+            batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
+        try:
+            # in the training process (num_workers=0), its own generators stay where it left them
+            restore = self.sample_seeding and not World.in_worker()
+            for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
+                yield WorkerItem(world.worker, index, batch, policy.snapshot())
             if world.num_workers == 1 or policy.stats["samples"]:
                 policy.check_end()
         finally:
             close_iter(items)
         yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
+
+
+def unsized_batches(items: Iterator[Any], b: Batching, skip: int, stream: World, seeder: Seeder) -> Iterator[tuple[int, Any]]:
+    """Batches of one worker stream without a manifest: ``(n, batch)``, ``n`` the stream's batch
+    number from ``skip`` (where a resume left it), the last batch short unless ``drop_last``.
+
+    Each batch is seeded as the ``n * workers + stream``-th batch of the rank, the position at
+    which the DataLoader's round robin yields it: the streams' batches ``n`` differ.
+    """
+    n = skip
+    while True:
+        group = take(items, b.batch_size)
+        full = len(group) == b.batch_size
+        group = [x for x in group if x is not None]
+        if group and (full or not b.drop_last):
+            seeder.batch(n * stream.num_workers + stream.worker)
+            yield n, b.collate(group)
+        n += 1
+        if not full:
+            return
