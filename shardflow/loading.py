@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 from .collation import collate as default_collate
@@ -134,20 +133,31 @@ class ShardLoader:
         return self._dl
 
     def __iter__(self) -> Iterator[Any]:
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        # The epoch is fixed at the first next(), not at iter(): a set_epoch() in between
+        # (Lightning calls iter() first) names both the data read and the run's state.
         run = self._coming()
         self._pending = None
         self._run = run
-        return self._batches(run, run.start())
-
-    def _batches(self, run: EpochRun, starting: AbstractContextManager[None]) -> Iterator[Any]:
-        with starting:  # the workers start now (forked or pickled) and copy the epoch's start
+        with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
             it = iter(self._dataloader(fresh=run.resumed))
         self._active = True
         last: Any = None
         owed = 0  # planned batches whose samples were all dropped, before any batch arrived
         again = 0  # samples yielded again in the repeated batches
+        shared = self.num_workers > 0 and bool(self._dl_kwargs.get("persistent_workers"))
         try:
-            for item in it:
+            while True:
+                if shared and self._run is not run:  # the one DataLoader iterator serves the later run now
+                    raise ShardflowError(
+                        f"this iteration of epoch {run.epoch} was superseded by a later iter() of the loader: "
+                        "with persistent_workers=True its workers serve one iteration at a time"
+                    )
+                item = next(it, None)
+                if item is None:
+                    break
                 if not isinstance(item, WorkerItem):
                     raise ShardflowError(f"internal: a worker yielded {type(item).__name__}, not a batch")
                 if item.pools:
@@ -173,7 +183,8 @@ class ShardLoader:
                 yield item.data
             run.finish(owed, again)
         finally:
-            self._active = False
+            if self._run is run:
+                self._active = False
             run.close()
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator

@@ -229,24 +229,13 @@ def test_c11_break_without_saving_starts_a_new_epoch(c11: Path, workers: int, pe
     assert epoch0 != epoch1
 
 
-REASON_EPOCH = (
-    "the loader's EpochRun fixes its epoch at iter(), but the dataset (and the DataLoader workers) "
-    "take theirs at the first next() from the shared epoch counters, which a later iter() or "
-    "set_epoch() changes in between: the data and the run's state then name different epochs. "
-    "Not a small fix: the run must be started (or re-targeted) at the first next() and the workers "
-    "must take the run's epoch, not the counters, while Lightning's iter()-then-set_epoch(0) order "
-    "(tests/test_frameworks.py) keeps working"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REASON_EPOCH)
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 def test_a_second_iter_before_the_first_ends(c11: Path, workers: int, persistent: bool) -> None:
     """Two iter() of one loader, the first not finished: the first reads epoch 0, the second
-    epoch 1 whole, and the state follows the second. Today both iter() before a next() make the
-    first read epoch 1 (mixed with 2 workers). With persistent workers (one DataLoader iterator)
+    epoch 1 whole, and the state follows the second (both iter() before a next() made the first
+    read epoch 1, mixed with 2 workers). With persistent workers (one DataLoader iterator)
     advancing the first after the second started took batches 3-4 of epoch 1 from under the
-    second (it then yielded 20 of 22, the two counted in epoch 0's run): it must raise instead."""
+    second (it then yielded 20 of 22, the two counted in epoch 0's run): it raises instead."""
     make = loader_maker(c11, workers=workers, **({"persistent_workers": True} if persistent else {}))
     first = make()
     epoch0, epoch1 = [canonical(b) for b in first], [canonical(b) for b in first]
@@ -269,7 +258,6 @@ def test_a_second_iter_before_the_first_ends(c11: Path, workers: int, persistent
     assert ld.state_dict()["epoch"] == 2 and ld.state_dict()["remaining"] == []
 
 
-@pytest.mark.xfail(strict=True, reason=REASON_EPOCH)
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 def test_set_epoch_between_iter_and_first_batch_names_the_state(c11: Path, workers: int, persistent: bool) -> None:
     """Lightning calls iter() and then (ShardEpochs) set_epoch(0) before the first batch. The
