@@ -31,7 +31,6 @@ both are seeded from the same per-sample seed.
 from __future__ import annotations
 
 import functools
-import _random  # the C base of random.Random: its seed() is the state random.seed sets
 import hashlib
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -49,7 +48,8 @@ GENERATORS = ("torch", "numpy", "python")  # the global generators sample seedin
 T = TypeVar("T")
 _current: list[int | None] = [None]  # the seed of the sample or batch being prepared (None: outside one)
 _PYTHON = random.seed.__self__  # the Random instance behind the random.* functions
-_seed_python_c = _random.Random.seed
+# the C seed() of random.Random's base: the state random.seed sets, without its wrapper's checks
+_seed_python_c = super(random.Random, _PYTHON).seed
 
 
 def _digest(prefix: bytes, part: bytes) -> int:
@@ -118,7 +118,7 @@ def _seed_globals(value: int, which: tuple[bool, bool, bool]) -> None:
     if which[1]:
         np.random.seed(value >> 32)
     if which[2]:
-        _seed_python_c(_PYTHON, value)
+        _seed_python_c(value)
         _PYTHON.gauss_next = None  # random.seed clears gauss()'s cached draw; so must we
 
 
