@@ -237,3 +237,20 @@ def tiny_image(fmt: str, seed: int, size: tuple[int, int] = (4, 3)) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, fmt)
     return out.getvalue()
+
+
+def handles_under(path: str | os.PathLike) -> int:
+    """How many of this process's file descriptors are open on ``path`` or on files under it.
+
+    Counted from ``/proc/self/fd`` rather than as a change in the total, so descriptors that other
+    tests' garbage releases during a test (a garbage collection closes them) cannot move the count."""
+    root = os.path.realpath(path)
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed by now
+            continue
+        if target == root or target.startswith(root + os.sep):
+            count += 1
+    return count

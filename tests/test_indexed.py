@@ -8,7 +8,6 @@ import pickle
 import shutil
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -17,6 +16,7 @@ import shardflow
 from shardflow.errors import ManifestError, ShardFormatError
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
 from shardflow.writer import ShardWriter, write_manifest
+from tests.helpers import handles_under
 
 SIZES = (37, 1, 50, 12, 37)  # shards of uneven size
 N = sum(SIZES)
@@ -139,16 +139,16 @@ def test_spawned_workers_get_a_pickled_copy(dataset):
 
 def test_pickle_has_no_open_handles(dataset):
     ds = shardflow.IndexedShardDataset(dataset)
-    before = psutil.Process().num_fds()
+    before = handles_under(dataset)
     for i in range(N):
         ds[i]
-    assert psutil.Process().num_fds() - before == len(SIZES)  # one per shard, all cached (max_open=16)
+    assert handles_under(dataset) - before == len(SIZES)  # one per shard, all cached (max_open=16)
     clone = pickle.loads(pickle.dumps(ds))
-    assert psutil.Process().num_fds() - before == len(SIZES)  # the copy opened nothing
+    assert handles_under(dataset) - before == len(SIZES)  # the copy opened nothing
     assert same(clone[60], ds[60])
     ds.close()
     clone.close()
-    assert psutil.Process().num_fds() == before
+    assert handles_under(dataset) == before
     with pytest.raises(TypeError, match=r"cannot be pickled"):
         pickle.dumps(shardflow.IndexedShardDataset(dataset, transform=lambda s: s))
 
@@ -156,10 +156,10 @@ def test_pickle_has_no_open_handles(dataset):
 def test_max_open_bounds_descriptors(dataset):
     ds = shardflow.IndexedShardDataset(dataset, max_open=2)
     seq = list(shardflow.ShardDataset(dataset))
-    before = psutil.Process().num_fds()
+    before = handles_under(dataset)
     for i in np.random.default_rng(1).permutation(N):
         assert same(ds[int(i)], seq[i])
-        assert psutil.Process().num_fds() - before <= 2
+        assert handles_under(dataset) - before <= 2
     with pytest.raises(ValueError, match=r"max_open"):
         shardflow.IndexedShardDataset(dataset, max_open=0)
 

@@ -37,6 +37,7 @@ from shardflow.storage import (
     readahead,
 )
 from shardflow.storage.filesystems import filesystem as storage_filesystem
+from tests.helpers import handles_under
 from tests.servers import FileHTTPServer, wait_until
 
 DATA = hashlib.sha256(b"seed").digest() * 313 + b"tail!"  # 10021 bytes, no repeats at 1000
@@ -590,39 +591,37 @@ def test_readahead_never_started_is_stopped_by_gc():
 
 
 def test_local_file_handles_are_released(tmp_path):
-    psutil = pytest.importorskip("psutil")
-    proc = psutil.Process()
     path = tmp_path / "shard.tar"
     path.write_bytes(BIG)
     opts = IOOptions(block_size=1 << 16)
-    baseline = proc.num_fds()
+    assert handles_under(path) == 0
 
     assert b"".join(iter_chunks(str(path), options=opts)) == BIG
-    assert proc.num_fds() == baseline
+    assert handles_under(path) == 0
 
     it = iter_chunks(str(path), options=opts)
     next(it)
-    assert proc.num_fds() == baseline + 1
+    assert handles_under(path) == 1
     it.close()
-    assert proc.num_fds() == baseline
+    assert handles_under(path) == 0
 
     it = iter_chunks(str(path), options=opts)
     next(it)
     del it
     gc.collect()
-    assert proc.num_fds() == baseline
+    assert handles_under(path) == 0
 
     it = open_chunks(str(path), options=IOOptions(block_size=1 << 16, readahead=2))
     next(it)
     it.close()
-    assert proc.num_fds() == baseline
+    assert handles_under(path) == 0
 
     it = decompressing_chunks(open_chunks(str(path), options=opts), str(path))
     next(it)
     it.close()
-    assert wait_until(lambda: proc.num_fds() == baseline)
+    assert wait_until(lambda: handles_under(path) == 0)
     assert read_range(str(path), 5, 10) == BIG[5:10]
-    assert proc.num_fds() == baseline
+    assert handles_under(path) == 0
 
 
 def test_http_early_close_releases_connection(http_server):
