@@ -260,10 +260,17 @@ class _Handler(BaseHTTPRequestHandler):
                 piece = file.read(min(_PIECE, end - pos, room))
                 if not piece:  # the file shrank under us: cut the response
                     break
-                self.wfile.write(piece)
-                pos += len(piece)
+                # counted before it is sent: a client that read the last piece and then reads the
+                # stats must find it counted (after, the handler thread could still be on its way)
                 with srv.lock:
                     srv.stats.body_bytes += len(piece)
+                try:
+                    self.wfile.write(piece)
+                except OSError:
+                    with srv.lock:  # not sent after all
+                        srv.stats.body_bytes -= len(piece)
+                    raise
+                pos += len(piece)
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -592,8 +599,13 @@ def s3_proxy(moto_server: MotoS3) -> DroppingProxy:
     proxy.close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value.
+
+    The default deadline is generous on purpose: it is only reached when the condition never
+    comes (the test fails then), while on a loaded machine (CI: 2 cores shared with other jobs)
+    a thread or process can be descheduled for seconds before it does what the test waits for.
+    """
     deadline = time.monotonic() + timeout
     while True:
         if predicate():
