@@ -113,7 +113,7 @@ def settle(base, fds: bool = True) -> tuple:
         now = resources()
         return (not fds or (now[0] <= base[0] and now[1] <= base[1])) and now[2] <= base[2] and now[3] <= base[3]
 
-    wait_until(back, timeout=15)
+    wait_until(back, timeout=60)  # returns once back: the deadline only matters on a loaded machine
     return resources()
 
 
