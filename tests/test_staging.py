@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,6 +244,29 @@ def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_serv
     assert srv.stats.body_bytes == len(data)  # each byte once: before, inside and after the staged part
     # the part; the blocks before it; the bytes of its first block before it; the bytes after it
     assert srv.stats.gets == 4
+
+
+def test_a_fetch_that_starts_before_its_reader_read_the_meta_file_stops_at_the_next_staged_block(
+        http_server, tmp_path, small_blocks):
+    """A fetch's thread may run before its reader has read the object's meta file (which another
+    fetch wrote): its request still ends where the next staged block begins. It asked for the
+    rest of the object before, and the store sent bytes no block of this fetch takes."""
+    srv = http_server
+    data = np.random.default_rng(3).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
+    url = srv.put("obj.bin", data)
+    root = str(tmp_path / "area")
+    os.makedirs(root)
+    later = staged.staged_chunks(url, 200_000, 450_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
+    assert b"".join(later) == data[200_000:450_000]  # blocks 3 .. 6 staged, the meta file written
+    srv.reset_stats()
+    obj = staged_blocks.StagedObject(StagingScope(root, 0, 2), url, FAST)  # its meta not read yet
+    fetch = staged.Fetch(obj, 0, obj.claim(0), None)
+    fetch.start()
+    fetch.join(60)
+    assert not fetch.is_alive() and fetch.error is None
+    block = staged_blocks.BLOCK
+    assert srv.stats.gets == 1 and srv.stats.body_bytes == 3 * block  # blocks 0 .. 2, up to block 3's
+    assert b"".join(Path(obj.block_path(j)).read_bytes() for j in range(3)) == data[:3 * block]
 
 
 def test_epoch_two_through_the_cache_asks_the_store_nothing(http_server, tmp_path):
