@@ -98,6 +98,11 @@ def test_staged_epoch_survives_dropped_connections(flaky_http_server, tmp_path, 
     stored = serve(srv, tmp_path / "d")
     srv.faults.drop_after = 150_000
     srv.faults.max_drops = 4
+    # aiohttp discards what it buffered but was not read yet once it sees a cut: the bytes a
+    # loaded machine's fetch thread had not taken within 20 ms would be sent again (4 drops lost
+    # 450 kB, past the bound below); half a second lets the fetch take them, as it would any
+    # network's bytes that arrived before the cut
+    srv.faults.linger = 0.5
     io = IOOptions(backoff=0.0, staging_dir=str(tmp_path / "staging"))
     seen = epoch(srv.url, 4, io)
     assert sorted(seen) == sorted(want.items())
