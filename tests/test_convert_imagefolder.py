@@ -508,7 +508,7 @@ def test_c15_killed_run_resumes_keeping_finished_shards(big_tree: Path, big_conv
         os.kill(proc.pid, signal.SIGKILL)  # the converting process only, not its writer workers
         proc.wait()
         # the orphaned writer workers notice and exit by themselves
-        _, alive = psutil.wait_procs(workers, timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=60)  # returns once they are gone (they look twice a second)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the run

@@ -123,7 +123,7 @@ def _run(reader, samples: dict, partial: bool = False) -> None:
         pass
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(m=mutations)
 @example(m=("name", 18, 14))  # 000009.cls -> 000007.cls: the first run's open sample reappears in the second
 def test_every_reader_yields_originals_or_raises(original, tmp_path_factory, m) -> None:

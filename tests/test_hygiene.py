@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -83,16 +84,41 @@ def idle_http_sockets() -> set[int]:
     return fds
 
 
-def resources() -> tuple[int, int, frozenset, frozenset]:
-    """(file descriptors other than TCP connections, TCP connections in use, threads,
-    child processes). Threads and processes are sets: servers started by other tests
-    in this process may end theirs meanwhile, but none may start and stay."""
+class Resources(NamedTuple):
+    """What the process holds. Descriptors are ``(number, what it is open on)`` pairs from
+    /proc/self/fd, compared with everything open at the base: so neither a descriptor that other
+    tests' garbage closes meanwhile, nor one of theirs that changes kind (a connection reset by
+    its peer is no longer listed as connected), can hide or fake one of ours."""
+
+    fds: frozenset  # descriptors other than TCP connections
+    connections: frozenset  # TCP connections in use (not idle in a pool)
+    threads: frozenset  # thread idents: servers of other tests may end theirs meanwhile
+    children: frozenset  # child pids: none may start and stay
+    every: frozenset  # every descriptor
+
+
+def open_fds() -> dict[int, str]:
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return fds
+
+
+def resources() -> Resources:
     me = psutil.Process()
     connected = {c.fd for c in me.net_connections(kind="inet") if c.raddr}
     idle = idle_http_sockets()
-    threads = frozenset(t.ident for t in threading.enumerate())
-    children = frozenset(c.pid for c in me.children(recursive=True) if not _helper(c))
-    return me.num_fds() - len(connected | idle), len(connected - idle), threads, children
+    fds = open_fds()
+    return Resources(
+        fds=frozenset((fd, what) for fd, what in fds.items() if fd not in connected | idle),
+        connections=frozenset((fd, what) for fd, what in fds.items() if fd in connected - idle),
+        threads=frozenset(t.ident for t in threading.enumerate()),
+        children=frozenset(c.pid for c in me.children(recursive=True) if not _helper(c)),
+        every=frozenset(fds.items()),
+    )
 
 
 def _helper(proc) -> bool:
@@ -104,25 +130,26 @@ def _helper(proc) -> bool:
         return False
 
 
-def settle(base, fds: bool = True) -> tuple:
+def settle(base: Resources, fds: bool = True) -> Resources:
     """Wait until no thread, process, descriptor or connection is left beyond ``base``
-    (threads and processes stop asynchronously); return the counts as they are then."""
+    (threads and processes stop asynchronously); return what there is then."""
     gc.collect()
 
     def back() -> bool:
         now = resources()
-        return (not fds or (now[0] <= base[0] and now[1] <= base[1])) and now[2] <= base[2] and now[3] <= base[3]
+        return (not fds or not (now.fds | now.connections) - base.every) and now.threads <= base.threads \
+            and now.children <= base.children
 
-    wait_until(back, timeout=15)
+    wait_until(back, timeout=60)  # returns once back: the deadline only matters on a loaded machine
     return resources()
 
 
-def assert_back(base) -> None:
-    fds, connections, threads, children = settle(base)
-    assert threads <= base[2], [t.name for t in threading.enumerate() if t.ident not in base[2]]
-    assert children <= base[3], children - base[3]
-    assert fds <= base[0], f"{fds - base[0]} file descriptors left open"
-    assert connections <= base[1], f"{connections - base[1]} connections left in use"
+def assert_back(base: Resources) -> None:
+    now = settle(base)
+    assert now.threads <= base.threads, [t.name for t in threading.enumerate() if t.ident not in base.threads]
+    assert now.children <= base.children, now.children - base.children
+    assert not now.fds - base.every, f"left open: {sorted(now.fds - base.every)}"
+    assert not now.connections - base.every, f"connections left in use: {sorted(now.connections - base.every)}"
 
 
 def source_of(kind, shards, http_url) -> str:
@@ -164,8 +191,8 @@ def test_resources_come_back(shards, http_url, kind, workers):
         n = epoch(ds, workers, how)
         assert n == {"full": N, "break": PER + (8 if workers else 5), "held": 2}[how]
         if how == "break":  # the dataset is still alive; its readers are not
-            _, _, threads, children = settle(base, fds=False)
-            assert threads <= base[2] and children <= base[3], how
+            now = settle(base, fds=False)
+            assert now.threads <= base.threads and now.children <= base.children, how
         epoch.held = None
         del ds
         assert_back(base)
@@ -235,4 +262,4 @@ def test_unpicklable_transform_with_spawn_says_so(shards):
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(ds)
     del loader, ds
-    assert resources()[3] <= base[3]  # no worker was left behind
+    assert resources().children <= base.children  # no worker was left behind

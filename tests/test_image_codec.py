@@ -29,7 +29,7 @@ from shardflow.codecs.image import (
 from shardflow.errors import DecodeError, SampleError
 
 # Any warning (Pillow's DecompressionBombWarning, its palette-transparency warning...) fails a test.
-pytestmark = pytest.mark.filterwarnings("error")
+pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("others_garbage_collected")]
 
 SKIMAGE_DIR = Path(skimage.data.__file__).parent
 SKLEARN_DIR = Path(sklearn.datasets.__file__).parent / "images"

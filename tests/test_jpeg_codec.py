@@ -17,7 +17,7 @@ from shardflow.codecs.image import decode_image
 from shardflow.codecs.jpeg import JpegHeader, decode_jpeg_pillow, read_jpeg_header
 from shardflow.errors import DecodeError
 
-pytestmark = pytest.mark.filterwarnings("error")
+pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("others_garbage_collected")]
 
 
 def jpeg(array: np.ndarray, mode: str | None = None, **save: object) -> bytes:

@@ -91,6 +91,10 @@ class Fetch(threading.Thread):
 
     def _stream(self) -> None:
         obj = self.obj
+        # the size another fetch recorded bounds this request (_until) even when this thread
+        # runs before its reader read the meta file: without it, the request ran to the
+        # object's end and the store sent the bytes of blocks other fetches have
+        obj.load_meta()
         j = self.first
         written = obj.written(j)
         if not os.path.exists(obj.block_path(j)) and self.begin > j * obj.block:  # from the reader's first byte on
