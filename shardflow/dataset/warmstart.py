@@ -21,13 +21,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from .. import storage
 from ..reader.runs import read_through
 
-__all__ = ["prefetch_first"]
+__all__ = ["OPEN_WAIT", "prefetch_first"]
+
+OPEN_WAIT = 0.05
+"""Seconds at most that the main process waits for the store to answer its first requests
+before it forks the workers (on a link with a longer round trip, the requests are out by then)."""
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,11 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
             fetch = storage.prefetch(ds.source.urls[shard], ds.source.options_for(shard, io))
             if fetch is not None:
                 fetches.append(fetch)
+        # Until the store answers (a round trip; at most OPEN_WAIT): the requests go out now,
+        # not after forking the workers, which holds the interpreter lock in this process
+        until = time.monotonic() + OPEN_WAIT
+        for fetch in fetches:
+            fetch.opened.wait(max(0.0, until - time.monotonic()))
     finally:
         threading.Thread(target=_leave_after, args=(fetches, users), name="shardflow-prefetch", daemon=True).start()
     log.debug("epoch %d: the first batches' bytes of %d shards requested before the workers start", epoch, len(fetches))

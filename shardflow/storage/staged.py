@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from shardflow.errors import RemoteReadError
@@ -74,6 +74,7 @@ class Fetch(threading.Thread):
         self.end = end
         self.claims = {first: held_here(claim_fd)}
         self.error: BaseException | None = None
+        self.opened = threading.Event()  # set once the store answered (or the fetch ended)
 
     def covers(self, j: int) -> bool:
         return self.first <= j and (self.end is None or j * self.obj.block < self.end)
@@ -88,6 +89,7 @@ class Fetch(threading.Thread):
             for fd in self.claims.values():
                 let_go(fd)
             self.claims.clear()
+            self.opened.set()
 
     def _stream(self) -> None:
         obj = self.obj
@@ -109,7 +111,7 @@ class Fetch(threading.Thread):
         out = held_here(os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666))
         self._claim_next(j)
         chunks = retried_chunks(obj.url, off, self._until(j), options, expect=obj.identity if obj.known else None,
-                                opened=obj.record_meta)
+                                opened=self._opened)
         try:
             for chunk in chunks:
                 if obj.size is None:
@@ -135,6 +137,10 @@ class Fetch(threading.Thread):
             chunks.close()
             if out >= 0:
                 let_go(out)
+
+    def _opened(self, size: int | None, identity: Mapping[str, str]) -> None:
+        self.obj.record_meta(size, identity)
+        self.opened.set()
 
     def _until(self, j: int) -> int | None:
         """Where this fetch's request ends: its end, or the start of the first later block
