@@ -190,6 +190,9 @@ def prefetch(url: str, options: IOOptions) -> Fetch | None:
 
     Returns:
         The started fetch, or None when block 0 is written or claimed already.
+
+    Raises:
+        ValueError: ``options`` has no ``staging_scope``.
     """
     scope = options.staging_scope
     if scope is None:
