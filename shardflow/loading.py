@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -84,7 +85,8 @@ class ShardLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
-        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost), num_workers)
+        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost), num_workers,
+                             forked=num_workers > 0 and _start_method(multiprocessing_context) == "fork")
         self._dl_kwargs: dict[str, Any] = {
             "batch_size": None,
             "num_workers": num_workers,
@@ -228,6 +230,14 @@ class ShardLoader:
             raise StateError("load_state_dict() while an iteration is running; load before iterating")
         self._pending = self.dataset.epoch_run(self.workers, state=state)
         self._dl = None  # persistent workers must restart to see the resume point
+
+
+def _start_method(context: Any) -> str:
+    """How the DataLoader starts its workers: the context given (a name or a context), else
+    the default one (the platform's first, unless the program set one)."""
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return context if isinstance(context, str) else context.get_start_method()
 
 
 def batch_samples(batch: Any) -> int:

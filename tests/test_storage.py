@@ -475,6 +475,27 @@ def test_decompressing_chunks_round_trip(kind, size):
 
 
 @pytest.mark.parametrize("compress", [gzip.compress, _zstd], ids=["gzip", "zstd"])
+def test_decompressed_bytes_come_before_the_rest_of_the_input(compress):
+    """A reader waiting for a shard's first samples gets them once their compressed bytes
+    came, not once the rest of the shard (or 4 MiB of output) did."""
+    payload = BIG[:1_000_000]
+    blob = compress(payload)
+    pieces = _split(blob, 16 << 10)
+    taken = []
+
+    def source():
+        for piece in pieces:
+            taken.append(len(piece))
+            yield piece
+
+    out = decompressing_chunks(source(), "mem://x")
+    first = next(out)
+    assert payload.startswith(first)
+    assert sum(taken) <= len(blob) // 2, (sum(taken), len(blob))
+    assert first + b"".join(out) == payload
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, _zstd], ids=["gzip", "zstd"])
 def test_decompressing_chunks_truncated(compress):
     blob = compress(BIG[:200_000])
     for cut in (len(blob) - 1, len(blob) // 2, 10):

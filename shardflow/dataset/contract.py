@@ -12,6 +12,7 @@ from typing import Any
 
 from ..batching import Batching
 from .epochrun import EpochRun
+from .warmstart import prefetch_first
 
 __all__ = ["LoaderContract"]
 
@@ -22,15 +23,18 @@ class LoaderContract:
     """The two methods :class:`~shardflow.loading.ShardLoader` calls (a mixin: the attributes
     it reads are set by the dataset's constructor)."""
 
-    def set_batching(self, batching: Batching | None, num_workers: int = 1) -> None:
+    def set_batching(self, batching: Batching | None, num_workers: int = 1, *, forked: bool = False) -> None:
         """Let DataLoader workers batch and collate (:func:`shardflow.loader` calls this);
         None: yield samples.
 
         Args:
             batching: the loader's batch options, or None.
-            num_workers: the loader's DataLoader workers per rank (for a warning only).
+            num_workers: the loader's DataLoader workers per rank.
+            forked: the workers are forked from this process: as they start, this process
+                requests the bytes of their first batches (:mod:`.warmstart`).
         """
         self._batching = batching
+        self._forked_workers = num_workers if forked and batching is not None else 0
         if batching is not None and batching.drop_last and num_workers > 1 and not self.sized:
             log.warning(
                 "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "
@@ -93,6 +97,8 @@ class LoaderContract:
         with the flag that makes them yield batch records; later epochs start afresh."""
         self.stats = run.stats
         self.world()  # detect the ranks here, in the main process: workers get them with the dataset
+        if self._forked_workers and run.resume is None:
+            prefetch_first(self, run.epoch, self._forked_workers)
         self._in_loader = True
         try:
             yield

@@ -188,6 +188,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
         self.stats: Counter[str] = Counter()
         self._batching: Batching | None = None
+        self._forked_workers = 0  # set_batching: DataLoader workers forked from this process
         self._in_loader = False  # True while a shardflow.loader iterates this dataset
         self._resume: ResumePoint | None = None
         self._layout: tuple[int, tuple[tuple[int, int], ...]] | None = None  # (epoch, earlier stages) of a resumed epoch

@@ -97,7 +97,11 @@ def _unzstd(head: bytes, chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
     reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=_ZSTD_IN, read_across_frames=True)
     try:
         while True:
-            out = reader.read(_DECOMPRESS_OUT)
+            # read1: the output of the input that came so far (a block at least), where read()
+            # would consume input until it had _DECOMPRESS_OUT bytes of output, so a reader
+            # waiting for a shard's first samples would wait for its first 4 MiB (a whole small
+            # shard) to come over the link
+            out = reader.read1(_DECOMPRESS_OUT)
             if not out:
                 break
             yield out

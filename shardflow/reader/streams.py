@@ -59,6 +59,11 @@ class RunStreams:
         # not for local files: opening one takes microseconds, and a thread doing it
         # costs the reader GIL hand-offs (see docs/benchmarks.md)
         self._ahead = not all(storage.is_local(table.url[run]) for run in table.opening)
+        # Fetches shared by a rank's workers (storage.staging) go to local disk, not to RAM, and
+        # run at the link's pace, not a reader's: opening two rounds of runs ahead keeps a
+        # request streaming while the workers decode, where one round leaves the link idle
+        # between the end of the next runs' fetches and the start of the runs after them.
+        self._depth = 2 if io.staging_scope is not None and io.staging_scope.num_workers > 1 else 1
         self._pool: ThreadPoolExecutor | None = None
         self._early: dict[int, Future[Opened]] = {}
         # opening[:limit] may be opened ahead (None: all)
@@ -81,7 +86,7 @@ class RunStreams:
     def _open_ahead(self) -> None:
         opening = self._table.opening
         end = len(opening) if self.limit is None else min(self.limit, len(opening))
-        while self._ahead and self._scheduled < end and len(self._early) < len(self.open):
+        while self._ahead and self._scheduled < end and len(self._early) < self._depth * len(self.open):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(OPENERS, thread_name_prefix="shardflow-open")
             ahead = opening[self._scheduled]

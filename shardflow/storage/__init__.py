@@ -53,7 +53,8 @@ from .read_ahead import readahead
 from .reading import is_compressed, iter_chunks, read_range, read_small
 from .readers import open_regular, regular_fd
 from .redirects import MAX_REDIRECTS, RedirectError
-from .staging import staged_epoch, staging_for
+from .staged import prefetch
+from .staging import enter_area, let_go, staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -98,5 +99,8 @@ __all__ = [
     "open_staged",
     "commit_staged",
     "staged_epoch",
+    "prefetch",
+    "enter_area",
+    "let_go",
     "staging_for",
 ]

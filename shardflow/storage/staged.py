@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from shardflow.errors import RemoteReadError
@@ -44,11 +44,11 @@ from .filesystems import has_validator
 from .options import IOOptions
 from .reading import retried_chunks
 from .staged_blocks import StagedObject
-from .staging import same_file
+from .staging import held_here, let_go, same_file
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Fetch", "staged_chunks"]
+__all__ = ["Fetch", "PREFETCH_BYTES", "prefetch", "staged_chunks"]
 
 FETCH_CHUNK = 64 << 10  # bytes per read of a fetch: how often waiting readers see progress (a reader
 # waiting for a first batch's samples sees them as they come, not a quarter MiB later)
@@ -72,8 +72,9 @@ class Fetch(threading.Thread):
         self.first = first
         self.begin = start  # a fresh first block's file starts here (the reader's first byte)
         self.end = end
-        self.claims = {first: claim_fd}
+        self.claims = {first: held_here(claim_fd)}
         self.error: BaseException | None = None
+        self.opened = threading.Event()  # set once the store answered (or the fetch ended)
 
     def covers(self, j: int) -> bool:
         return self.first <= j and (self.end is None or j * self.obj.block < self.end)
@@ -86,8 +87,9 @@ class Fetch(threading.Thread):
             logger.debug("staging %s from block %d failed: %s", self.obj.url, self.first, exc)
         finally:
             for fd in self.claims.values():
-                os.close(fd)
+                let_go(fd)
             self.claims.clear()
+            self.opened.set()
 
     def _stream(self) -> None:
         obj = self.obj
@@ -106,10 +108,10 @@ class Fetch(threading.Thread):
             return  # completed meanwhile
         options = replace(obj.options, block_size=FETCH_CHUNK, staging_scope=None)
         obj.make_room()
-        out = os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666)
+        out = held_here(os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666))
         self._claim_next(j)
         chunks = retried_chunks(obj.url, off, self._until(j), options, expect=obj.identity if obj.known else None,
-                                opened=obj.record_meta)
+                                opened=self._opened)
         try:
             for chunk in chunks:
                 if obj.size is None:
@@ -122,19 +124,23 @@ class Fetch(threading.Thread):
                     view = view[n:]
                     if off < (j + 1) * obj.block:
                         continue
-                    os.close(out)
+                    let_go(out)
                     out = -1
-                    os.close(self.claims.pop(j))
+                    let_go(self.claims.pop(j))
                     j, base = j + 1, 0
                     if j not in self.claims:
                         return  # another worker fetches the next block
                     obj.make_room()
-                    out = os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666)
+                    out = held_here(os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666))
                     self._claim_next(j)
         finally:
             chunks.close()
             if out >= 0:
-                os.close(out)
+                let_go(out)
+
+    def _opened(self, size: int | None, identity: Mapping[str, str]) -> None:
+        self.obj.record_meta(size, identity)
+        self.opened.set()
 
     def _until(self, j: int) -> int | None:
         """Where this fetch's request ends: its end, or the start of the first later block
@@ -163,7 +169,44 @@ class Fetch(threading.Thread):
         if obj.written(j + 1):  # started by a worker that died, or already there: not this stream's
             os.close(fd)
             return
-        self.claims[j + 1] = fd
+        self.claims[j + 1] = held_here(fd)
+
+
+PREFETCH_BYTES = 8 << 20
+"""How far :func:`prefetch` fetches into an object (rounded up to whole blocks): the first
+batches' bytes, not whole large shards, in the process that trains."""
+
+
+def prefetch(url: str, options: IOOptions) -> Fetch | None:
+    """Start fetching the first :data:`PREFETCH_BYTES` of ``url`` into ``options.staging_scope``'s
+    area, in a thread: the bytes a rank's first batches wait for, requested by the main
+    process as its DataLoader workers start (they read them from the area as they come).
+
+    The fetch is the one a worker starts (:class:`Fetch`: retried, resumed at the byte offset,
+    recording the object's size and identity for every later fetch); it ends at a block
+    boundary, where the worker that reads on claims the next block. Its failure is only
+    logged: the claim is freed with the thread, and the worker that needs the bytes
+    continues the block itself at the offset its file reached.
+
+    Returns:
+        The started fetch, or None when block 0 is written or claimed already.
+
+    Raises:
+        ValueError: ``options`` has no ``staging_scope``.
+    """
+    scope = options.staging_scope
+    if scope is None:
+        raise ValueError("prefetch needs options.staging_scope")
+    obj = StagedObject(scope, url, options)
+    if obj.written(0):
+        return None
+    fd = obj.claim(0)
+    if fd is None:
+        return None
+    blocks = max(1, -(-PREFETCH_BYTES // obj.block))
+    fetch = Fetch(obj, 0, fd, blocks * obj.block)
+    fetch.start()
+    return fetch
 
 
 def staged_chunks(url: str, start: int, end: int | None, options: IOOptions,

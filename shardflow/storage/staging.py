@@ -42,11 +42,42 @@ from .urls import is_local
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PREFIX", "StagingScope", "staged_epoch", "staging_for"]
+__all__ = ["PREFIX", "StagingScope", "enter_area", "held_here", "let_go", "staged_epoch", "staging_for"]
 
 PREFIX = "shardflow-staging-"
 _LEAVE_TRIES = 20  # attempts of the last worker out to find the area unused (others leaving at once)
 _LEAVE_PAUSE = 0.005  # seconds between them
+
+
+# Descriptors that lock something in a staging area for this process's own use (a fetch's
+# claims and block file, the main process's hold on an area while it prefetches). A forked
+# child (a DataLoader worker) closes its copies at once: a flock belongs to the open file,
+# so a copy kept by a child would hold the claim for as long as that child lives, and the
+# rank's other workers would wait on it after the parent's fetch had ended or failed.
+_HELD: set[int] = set()
+
+
+def held_here(fd: int) -> int:
+    """Register ``fd`` as this process's own (closed in forked children); returns it."""
+    _HELD.add(fd)
+    return fd
+
+
+def let_go(fd: int) -> None:
+    """Close a descriptor registered with :func:`held_here`."""
+    _HELD.discard(fd)
+    os.close(fd)
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 @dataclass(frozen=True)
@@ -115,6 +146,14 @@ def _staged(items: Iterator[Any], scope: StagingScope) -> Iterator[Any]:
     finally:  # ended, closed (the batches are all made) or failed: this worker is done with it
         _mark_done(scope)
         _leave(scope, fd)
+
+
+def enter_area(scope: StagingScope) -> int:
+    """Hold ``scope``'s area as a user that is not one of its workers (the main process
+    fetching the first batches' bytes before its DataLoader workers start): nobody sweeps
+    it meanwhile. :func:`let_go` the returned descriptor once those fetches are over (the
+    last worker out removes the area only when nobody else holds it)."""
+    return held_here(_enter(scope))
 
 
 def _enter(scope: StagingScope) -> int:

@@ -1,0 +1,112 @@
+"""The main process requests a rank's first batches' bytes at iter(), before its
+DataLoader workers fork (shardflow.dataset.warmstart), into the staging area the
+workers then read: GETs and bytes counted by the loopback HTTP server, samples
+compared with what was written; descriptors that lock the area are closed in
+forked children."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+
+import shardflow
+from shardflow.dataset.warmstart import prefetch_first
+from shardflow.storage import IOOptions, staged_blocks, staging
+from shardflow.storage.staging import StagingScope
+
+from tests.servers import wait_until
+from tests.test_staging import serve, tar_gets, write
+
+FAST = IOOptions(backoff=0.0)
+
+
+def first_shard_names(ds, workers: int) -> set[str]:
+    """The shards that the first batch of each worker reads (reference: the plan itself)."""
+    plan = ds.plan(0, 0)
+    _, order = plan.batch_positions(list(range(workers)))
+    return {os.path.basename(ds.urls[plan.segments[s].shard]) for s in set(plan.read_segment[order].tolist())}
+
+
+def test_the_first_batches_bytes_are_requested_before_the_workers_and_fetched_once(http_server, tmp_path):
+    srv = http_server
+    want = write(tmp_path / "d", 600, 100)  # 6 shards, 4 read at once
+    stored = serve(srv, tmp_path / "d")
+    io = IOOptions(backoff=0.0, staging_dir=str(tmp_path / "staging"))
+    ds = shardflow.ShardDataset(srv.url, decode=None, shuffle=True, seed=5, io=io)
+    loader = shardflow.loader(ds, batch_size=8, num_workers=2, collate_fn=list)
+    first = first_shard_names(ds, 2)
+    assert 0 < len(first) < 6
+    srv.reset_stats()
+    # what iter() does before forking the workers: in this process, no worker yet
+    prefetch_first(ds, 0, 2)
+    assert wait_until(lambda: set(srv.stats.gets_by_path) == first)
+    assert all(n == 1 for n in srv.stats.gets_by_path.values())
+    # the workers (forked now, same job, rank and epoch) read those bytes from the area
+    seen = [(s["__key__"], s["bin"]) for batch in loader for s in batch]
+    assert sorted(seen) == sorted(want.items())
+    assert tar_gets(srv) == 6, srv.stats.gets_by_path  # one GET per shard, the first ones this process's
+    assert srv.stats.body_bytes == stored  # each byte once
+    assert wait_until(lambda: os.listdir(tmp_path / "staging") == [])  # removed by the last worker out
+
+
+def test_iter_requests_the_first_shards_once_for_any_number_of_workers(http_server, tmp_path):
+    srv = http_server
+    want = write(tmp_path / "d", 600, 100)
+    stored = serve(srv, tmp_path / "d")
+    io = IOOptions(backoff=0.0, staging_dir=str(tmp_path / "staging"))
+    for workers in (1, 3):
+        ds = shardflow.ShardDataset(srv.url, decode=None, shuffle=True, seed=5, io=io)
+        srv.reset_stats()
+        seen = [(s["__key__"], s["bin"]) for b in shardflow.loader(ds, batch_size=8, num_workers=workers,
+                                                                  collate_fn=list) for s in b]
+        assert sorted(seen) == sorted(want.items())
+        assert tar_gets(srv) == 6 and srv.stats.body_bytes == stored, (workers, srv.stats)
+
+
+def test_nothing_is_requested_ahead_for_spawned_workers_or_without_staging(http_server, tmp_path):
+    srv = http_server
+    write(tmp_path / "d", 200, 100)
+    serve(srv, tmp_path / "d")
+    for io, context in ((IOOptions(backoff=0.0, staging=False), None), (FAST, "spawn")):
+        ds = shardflow.ShardDataset(srv.url, decode=None, io=io)
+        shardflow.loader(ds, batch_size=8, num_workers=2, multiprocessing_context=context)
+        assert ds._forked_workers == (2 if context is None else 0)
+        srv.reset_stats()
+        with ds._starting_workers(ds.epoch_run(2)):  # what iter() runs before starting the workers
+            pass
+        assert srv.stats.gets == 0
+
+
+def _hold(ready, go) -> None:
+    ready.set()  # (after the fork hooks ran in this child)
+    go.wait(10)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_a_forked_child_does_not_keep_this_processes_claims(tmp_path, registered):
+    """A flock belongs to the open file: a child's copy of a claim's descriptor would hold
+    the claim after the parent let go of it. Registered descriptors are closed in the child."""
+    obj = staged_blocks.StagedObject(StagingScope(str(tmp_path), 0, 2), "http://127.0.0.1:1/a.tar", FAST)
+    fd = obj.claim(0)
+    assert fd is not None
+    if registered:
+        staging.held_here(fd)
+    ctx = multiprocessing.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold, args=(ready, go))
+    child.start()
+    try:
+        assert ready.wait(10)
+        if registered:
+            staging.let_go(fd)
+        else:
+            os.close(fd)
+        again = obj.claim(0)  # another worker's look at the block, the child still alive
+        assert (again is not None) == registered
+        if again is not None:
+            os.close(again)
+    finally:
+        go.set()
+        child.join(10)
