@@ -200,11 +200,11 @@ def test_plain_samples_come_grouped_and_anything_unusual_goes_member_by_member()
     got = run_of(data)
     assert isinstance(got, SampleRun)
     assert got.keys == [f"a.b/{i:03d}" for i in range(30)]
-    assert got.fields[5] == {"cls": b"5", "jpg": b"jjjjj"} and list(got.fields[5]) == ["cls", "jpg"]
+    assert got.sample(5) == {"cls": b"5", "jpg": b"jjjjj"} and list(got.sample(5)) == ["cls", "jpg"]
     assert got.offsets == _starts(data)[:-1]
     assert [m[0] for m in got][:2] == ["a.b/000.cls", "a.b/000.jpg"]  # its members, one by one
     three = b"".join(encode_sample(f"{i:03d}", {"a": b"1", "b": b"2", "c": b"3"}) for i in range(4)) + END_OF_ARCHIVE
-    assert run_of(three).fields[3] == {"a": b"1", "b": b"2", "c": b"3"}
+    assert run_of(three).sample(3) == {"a": b"1", "b": b"2", "c": b"3"}
     for odd in (encode_member("k.jpg", b"1") + encode_member("k.jpg", b"2"),  # a field twice
                 encode_member("k.JPG", b"1"),  # upper case field: lower-cased by the general path
                 encode_member("k/__x.json", b"{}"),  # not a sample's member

@@ -145,10 +145,15 @@ def checked_members(
 class SampleRun:
     """Plain members parsed together and already grouped into samples (see :func:`checked_samples`).
 
+    A sample's ``{field: bytes}`` is made only when it is taken (:meth:`sample`,
+    :meth:`samples`): a reader handing samples on one by one then holds one at a
+    time, not the run's thousand dicts and payload copies at once (which cost
+    cache misses, and the cyclic garbage collector's passes that a thousand new
+    container objects held at once set off).
+
     Attributes:
         keys: the samples' keys, in tar order (all different).
         offsets: the absolute offset of each sample's first header.
-        fields: each sample's ``{field: bytes}``, in member order.
         end: the position in the buffer after the run's last member.
         stop: the absolute offset after the run's last member.
 
@@ -156,15 +161,43 @@ class SampleRun:
     :func:`checked_members` does (for a reader that needs them one by one).
     """
 
-    __slots__ = ("keys", "offsets", "fields", "end", "stop", "_args")
+    __slots__ = ("keys", "offsets", "end", "stop", "_args", "_fields", "_lo", "_hi", "_bounds")
 
-    def __init__(self, keys: list[str], offsets: list[int], fields: list[dict[str, bytes]], end: int,
-                 args: tuple[bytes, int, list[int], list[int]]) -> None:
-        self.keys, self.offsets, self.fields, self.end, self._args = keys, offsets, fields, end, args
-        self.stop = args[1] + end
+    def __init__(self, keys: list[str], offsets: list[int], fields: list[str], lo: list[int], hi: list[int],
+                 bounds: list[int] | None, args: tuple[bytes, int, list[int], list[int]]) -> None:
+        self.keys, self.offsets, self._args = keys, offsets, args
+        self._fields, self._lo, self._hi, self._bounds = fields, lo, hi, bounds
+        self.end = hi[-1] + (-args[3][-1] % BLOCK)  # after the last member's padding
+        self.stop = args[1] + self.end
+
+    def _members(self, j: int) -> tuple[int, int]:
+        """The members ``[a, b)`` of sample ``j``."""
+        bounds = self._bounds
+        return (2 * j, 2 * j + 2) if bounds is None else (bounds[j], bounds[j + 1])
+
+    def sample(self, j: int) -> dict[str, bytes]:
+        """Sample ``j``'s ``{field: bytes}``, in member order (a new dict)."""
+        a, b = self._members(j)
+        buf = self._args[0]
+        return {f: buf[x:y] for f, x, y in zip(self._fields[a:b], self._lo[a:b], self._hi[a:b])}
+
+    def samples(self, first: int, last: int) -> Iterator[dict[str, bytes]]:
+        """Samples ``first`` to ``last`` (excluded), each made as it is taken (see :meth:`sample`)."""
+        if self._bounds is not None:
+            return map(self.sample, range(first, last))
+        a, b = 2 * first, 2 * last
+        f, lo, hi = self._fields, self._lo, self._hi
+        return _pairs(self._args[0], f[a:b:2], lo[a:b:2], hi[a:b:2], f[a + 1 : b : 2], lo[a + 1 : b : 2], hi[a + 1 : b : 2])
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
         return iter(checked_members(*self._args))
+
+
+def _pairs(buf: bytes, f0: list[str], lo0: list[int], hi0: list[int], f1: list[str], lo1: list[int],
+           hi1: list[int]) -> Iterator[dict[str, bytes]]:
+    """The samples of two members each (the common case), one dict each as it is taken."""
+    for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
+        yield {a: buf[x:y], b: buf[u:v]}
 
 
 _COLS = np.arange(100)
@@ -223,17 +256,16 @@ def checked_samples(buf: bytes, base: int, heads: list[int], sizes: list[int]) -
     if len(set(keys)) != len(keys):
         return None
     fields = [text[a:b] for a, b in zip((at + dot + 1).tolist(), (at + nul).tolist())]
-    datas = [buf[p + BLOCK : p + BLOCK + size] for p, size in zip(heads, sizes)]
-    bounds = first.tolist() + [m]
+    lo = np.asarray(heads, dtype=np.int64) + BLOCK
+    bounds: list[int] | None = first.tolist() + [m]
     if len(bounds) - 1 == m // 2 and m % 2 == 0 and not bool(same[0::2].any()) and bool(same[1::2].all()):
-        samples = [{fields[j]: datas[j], fields[j + 1]: datas[j + 1]} for j in range(0, m, 2)]
-    else:
-        samples = [dict(zip(fields[a:b], datas[a:b])) for a, b in zip(bounds, bounds[1:])]
-    if sum(map(len, samples)) != m:  # a field twice in a sample
+        bounds = None  # two members a sample (the common case)
+        if any(map(str.__eq__, fields[0::2], fields[1::2])):  # a field twice in a sample
+            return None
+    elif any(len(set(fields[a:b])) != b - a for a, b in zip(bounds, bounds[1:])):
         return None
-    offsets = [base + heads[j] for j in bounds[:-1]]
-    end = heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
-    return SampleRun(keys, offsets, samples, end, (buf, base, heads, sizes))
+    offsets = [base + heads[j] for j in first.tolist()]
+    return SampleRun(keys, offsets, fields, lo.tolist(), (lo + sizes).tolist(), bounds, (buf, base, heads, sizes))
 
 
 def bulk_members(
