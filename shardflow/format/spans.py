@@ -32,8 +32,9 @@ _CHK_WEIGHTS = np.stack([8 ** np.arange(5, -1, -1, dtype=np.int64), np.ones(6, d
 _POW8_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of a size field
 # the bytes of a header the walk reads: size digits, its NUL, the checksum's NUL and space,
 # the type flag and the first byte of the ustar name prefix
-_WALKED = np.array([*range(124, 135), 135, 154, 155, 156, 345], dtype=np.int64)
-_PLAIN = np.array([0, 0, 32, 48, 0], dtype=np.uint8)  # what bytes 135, 154, 155, 156, 345 must be
+# (a column each: a step's numpy work then runs along all the samples at once)
+_WALKED = np.array([*range(124, 135), 135, 154, 155, 156, 345], dtype=np.int64)[:, None]
+_PLAIN = np.array([0, 0, 32, 48, 0], dtype=np.uint8)[:, None]  # what bytes 135, 154, 155, 156, 345 must be
 
 
 def indexed_heads(
@@ -80,13 +81,13 @@ def indexed_heads(
     live = np.arange(len(p))
     while live.size:
         q, end = p[live], e[live]
-        fields = arr[np.minimum(q[:, None] + _WALKED, top)]
-        digits = fields[:, :11].astype(np.int64) - 48
-        size = digits @ _POW8_SIZE
+        fields = arr[np.minimum(q + _WALKED, top)]  # (16, samples)
+        digits = fields[:11] - np.uint8(48)  # (uint8: a byte below "0" wraps above 7)
+        size = _POW8_SIZE @ digits
         nxt = q + BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))
         ok = (
-            (fields[:, 11:] == _PLAIN).all(axis=1)
-            & ((digits >= 0) & (digits <= 7)).all(axis=1)
+            (fields[11:] == _PLAIN).all(axis=0)
+            & (digits <= 7).all(axis=0)
             & (q + BLOCK <= end)
             & (size <= max_member)
             & (nxt <= end)
