@@ -200,14 +200,41 @@ def test_plain_samples_come_grouped_and_anything_unusual_goes_member_by_member()
     got = run_of(data)
     assert isinstance(got, SampleRun)
     assert got.keys == [f"a.b/{i:03d}" for i in range(30)]
-    assert got.fields[5] == {"cls": b"5", "jpg": b"jjjjj"} and list(got.fields[5]) == ["cls", "jpg"]
+    assert got.sample(5) == {"cls": b"5", "jpg": b"jjjjj"} and list(got.sample(5)) == ["cls", "jpg"]
     assert got.offsets == _starts(data)[:-1]
     assert [m[0] for m in got][:2] == ["a.b/000.cls", "a.b/000.jpg"]  # its members, one by one
     three = b"".join(encode_sample(f"{i:03d}", {"a": b"1", "b": b"2", "c": b"3"}) for i in range(4)) + END_OF_ARCHIVE
-    assert run_of(three).fields[3] == {"a": b"1", "b": b"2", "c": b"3"}
+    assert run_of(three).sample(3) == {"a": b"1", "b": b"2", "c": b"3"}
     for odd in (encode_member("k.jpg", b"1") + encode_member("k.jpg", b"2"),  # a field twice
                 encode_member("k.JPG", b"1"),  # upper case field: lower-cased by the general path
                 encode_member("k/__x.json", b"{}"),  # not a sample's member
                 encode_member("k" * 96 + ".cls", b"1"),  # 100 bytes: no NUL ends the name
                 encode_member("a.jpg", b"1") + encode_member("b.jpg", b"1") + encode_member("a.cls", b"1")):
         assert run_of(odd + END_OF_ARCHIVE) is None
+
+
+def test_grouped_runs_make_the_same_samples_taken_one_by_one_or_in_a_row():
+    from shardflow.format.spans import checked_samples
+
+    def run_of(data: bytes):
+        starts = _starts(data)
+        heads, sizes = spans_module.indexed_heads(data, 0, 0, -1, 1 << 20, 4096, np.asarray(starts, dtype=np.int64))
+        return checked_samples(data, 0, heads, sizes)
+
+    cases = {
+        "pairs, keys of one length": [(f"{i:03d}", {"jpg": b"j" * i, "cls": b"%d" % i}) for i in range(20)],
+        "pairs, keys of many lengths": [("k" * (1 + i % 5) + f"/{i}", {"jpg": b"j" * i, "cls": b"c"}) for i in range(20)],
+        "pairs, fields differ": [(f"{i:03d}", {("png" if i % 3 else "jpg"): b"p", "cls": b"c"}) for i in range(20)],
+        "threes": [(f"{i:03d}", {"a": b"1" * i, "b": b"2", "json": b"{}"}) for i in range(12)],
+        "uneven": [(f"{i:03d}", {f"f{j}": b"x" * j for j in range(1 + i % 3)}) for i in range(12)],
+        "upper-case keys": [(f"Class_A/{i:03d}", {"jpg": b"j", "cls": b"c"}) for i in range(12)],
+    }
+    for name, samples in cases.items():
+        data = b"".join(encode_sample(k, f) for k, f in samples) + END_OF_ARCHIVE
+        got = run_of(data)
+        assert got is not None, name
+        assert got.keys == [k for k, _ in samples], name
+        want = [{f: v for f, v in sorted(f.items())} for _, f in samples]
+        assert [got.sample(j) for j in range(len(samples))] == want, name
+        assert list(got.samples(0, len(samples))) == want and list(got.samples(3, 7)) == want[3:7], name
+        assert [list(s) for s in got.samples(0, len(samples))] == [list(s) for s in want], name  # field order

@@ -12,8 +12,9 @@ bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import repeat
+from typing import Union
 
 import numpy as np
 
@@ -22,18 +23,23 @@ from .headers import BLOCK
 __all__ = ["SampleRun", "RUN", "bulk_members", "plain_members", "checked_members", "checked_samples", "indexed_heads"]
 
 Member = tuple[str, int, "bytes | bytearray"]
+Heads = Union[list[int], np.ndarray]  # header positions or data sizes: a walk's lists, or int64 arrays
 
-_POW8_CHK = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the 6 digits of a checksum field
+_NONE = np.zeros(0, dtype=np.int64)
+
+# the 6 digits of a checksum field: their octal value, and their sum
+_CHK_WEIGHTS = np.stack([8 ** np.arange(5, -1, -1, dtype=np.int64), np.ones(6, dtype=np.int64)], axis=1)
 _POW8_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of a size field
 # the bytes of a header the walk reads: size digits, its NUL, the checksum's NUL and space,
 # the type flag and the first byte of the ustar name prefix
-_WALKED = np.array([*range(124, 135), 135, 154, 155, 156, 345], dtype=np.int64)
-_PLAIN = np.array([0, 0, 32, 48, 0], dtype=np.uint8)  # what bytes 135, 154, 155, 156, 345 must be
+# (a column each: a step's numpy work then runs along all the samples at once)
+_WALKED = np.array([*range(124, 135), 135, 154, 155, 156, 345], dtype=np.int64)[:, None]
+_PLAIN = np.array([0, 0, 32, 48, 0], dtype=np.uint8)[:, None]  # what bytes 135, 154, 155, 156, 345 must be
 
 
 def indexed_heads(
     buf: bytes, pos: int, base: int, stop: int, max_member: int, most: int, starts: np.ndarray
-) -> tuple[list[int], list[int]]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Header positions and sizes of the plain members of the whole samples at ``buf[pos:]``.
 
     The offset index says where each sample starts, so the walk from header to
@@ -52,7 +58,7 @@ def indexed_heads(
             (the offset index's entries for the range read, its end included).
 
     Returns:
-        ``(heads, sizes)``: positions in ``buf`` of the members' headers, in tar
+        ``(heads, sizes)``: int64, positions in ``buf`` of the members' headers, in tar
         order, and their data sizes in bytes; both empty when ``base + pos`` is
         not a sample start or the first member is not plain (the caller then
         walks member by member).
@@ -60,11 +66,11 @@ def indexed_heads(
     first = base + pos
     i = int(np.searchsorted(starts, first))
     if i >= len(starts) - 1 or starts[i] != first:
-        return [], []
+        return _NONE, _NONE
     limit = base + len(buf) if stop < 0 else min(base + len(buf), stop)
     j = min(int(np.searchsorted(starts, limit, side="right")) - 1, i + most)  # spans wholly in buf
     if j <= i:
-        return [], []
+        return _NONE, _NONE
     span = starts[i : j + 1] - base
     p, e = span[:-1].copy(), span[1:]
     arr = np.frombuffer(buf, dtype=np.uint8)
@@ -75,13 +81,13 @@ def indexed_heads(
     live = np.arange(len(p))
     while live.size:
         q, end = p[live], e[live]
-        fields = arr[np.minimum(q[:, None] + _WALKED, top)]
-        digits = fields[:, :11].astype(np.int64) - 48
-        size = digits @ _POW8_SIZE
+        fields = arr[np.minimum(q + _WALKED, top)]  # (16, samples)
+        digits = fields[:11] - np.uint8(48)  # (uint8: a byte below "0" wraps above 7)
+        size = _POW8_SIZE @ digits
         nxt = q + BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))
         ok = (
-            (fields[:, 11:] == _PLAIN).all(axis=1)
-            & ((digits >= 0) & (digits <= 7)).all(axis=1)
+            (fields[11:] == _PLAIN).all(axis=0)
+            & (digits <= 7).all(axis=0)
             & (q + BLOCK <= end)
             & (size <= max_member)
             & (nxt <= end)
@@ -96,30 +102,34 @@ def indexed_heads(
     order = np.argsort(heads, kind="stable")
     heads, sizes = heads[order], np.concatenate(found_sizes)[order]
     keep = heads < bad
-    return heads[keep].tolist(), sizes[keep].tolist()
+    return heads[keep], sizes[keep]
 
 
-def _checked_headers(buf: bytes, heads: list[int], sizes: list[int]) -> tuple[np.ndarray, list[int], list[int]]:
+def _checked_headers(buf: bytes, heads: Heads, sizes: Heads) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The header blocks ``(n, 512)`` uint8 of the members at ``heads`` before the first bad
     checksum (the sum of the header's bytes, the field as spaces; 6 octal digits), and
-    ``heads`` and ``sizes`` cut to them."""
+    ``heads`` and ``sizes`` (int64) cut to them."""
+    heads, sizes = np.asarray(heads, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     # headers sit a whole number of blocks apart: index the buffer's blocks, not its bytes
-    skew = heads[0] % BLOCK
+    skew = int(heads[0]) % BLOCK
     blocks = np.frombuffer(buf, dtype=np.uint8, count=(len(buf) - skew) // BLOCK * BLOCK, offset=skew)
-    hdr = blocks.reshape(-1, BLOCK)[(np.asarray(heads, dtype=np.int64) - skew) // BLOCK]
-    chk = hdr[:, 148:154].astype(np.int64) - 48
+    hdr = blocks.reshape(-1, BLOCK)[(heads - skew) // BLOCK]
+    digits = hdr[:, 148:154] - np.uint8(48)  # (uint8: a byte below "0" wraps above 7)
+    if bool((digits > 7).any()):  # not 6 octal digits: the general path reads (and reports) that header
+        n = int(np.argmax((digits > 7).any(axis=1)))
+        hdr, heads, sizes, digits = hdr[:n], heads[:n], sizes[:n], digits[:n]
+    value, field = (digits.astype(np.int64) @ _CHK_WEIGHTS).T  # the field's octal value, its digits' sum
+    # the sum of the header's bytes with the field (6 digits, 2 bytes after) read as 8 spaces;
     # (uint32 holds any header's sum, 512 * 255, and sums twice as fast as int64 here)
-    computed = hdr.sum(axis=1, dtype=np.uint32).astype(np.int64) - hdr[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-    good = (chk @ _POW8_CHK == computed) & ((chk >= 0) & (chk <= 7)).all(axis=1)
+    computed = hdr.sum(axis=1, dtype=np.uint32).astype(np.int64) - field - hdr[:, 154] - hdr[:, 155] + (256 - 6 * 48)
+    good = value == computed
     if not good.all():
         n = int(np.argmin(good))  # the general path reads (and reports) the bad one
         hdr, heads, sizes = hdr[:n], heads[:n], sizes[:n]
     return hdr, heads, sizes
 
 
-def checked_members(
-    buf: bytes, base: int, heads: list[int], sizes: list[int]
-) -> list[tuple[str, int, bytes]]:
+def checked_members(buf: bytes, base: int, heads: Heads, sizes: Heads) -> list[tuple[str, int, bytes]]:
     """The members whose plain headers start at ``heads``, up to the first bad checksum.
 
     Args:
@@ -132,23 +142,29 @@ def checked_members(
         checksum (the sum of its header bytes, the field as spaces) does not
         match, or whose checksum field is not 6 octal digits.
     """
-    if not heads:
+    if not len(heads):
         return []
-    _, heads, sizes = _checked_headers(buf, heads, sizes)
+    _, checked, lengths = _checked_headers(buf, heads, sizes)
+    at, size_of = checked.tolist(), lengths.tolist()
     find = buf.find
     return [
         (buf[p : n if n >= 0 else p + 100].decode("utf-8", "surrogateescape"), base + p, buf[p + BLOCK : p + BLOCK + size])
-        for p, n, size in zip(heads, map(find, repeat(b"\0"), heads, [p + 100 for p in heads]), sizes)
+        for p, n, size in zip(at, map(find, repeat(b"\0"), at, [p + 100 for p in at]), size_of)
     ]
 
 
 class SampleRun:
     """Plain members parsed together and already grouped into samples (see :func:`checked_samples`).
 
+    A sample's ``{field: bytes}`` is made only when it is taken (:meth:`sample`,
+    :meth:`samples`): a reader handing samples on one by one then holds one at a
+    time, not the run's thousand dicts and payload copies at once (which cost
+    cache misses, and the cyclic garbage collector's passes that a thousand new
+    container objects held at once set off).
+
     Attributes:
         keys: the samples' keys, in tar order (all different).
         offsets: the absolute offset of each sample's first header.
-        fields: each sample's ``{field: bytes}``, in member order.
         end: the position in the buffer after the run's last member.
         stop: the absolute offset after the run's last member.
 
@@ -156,23 +172,114 @@ class SampleRun:
     :func:`checked_members` does (for a reader that needs them one by one).
     """
 
-    __slots__ = ("keys", "offsets", "fields", "end", "stop", "_args")
+    __slots__ = ("keys", "offsets", "end", "stop", "_args", "_fields", "_lo", "_hi", "_bounds")
 
-    def __init__(self, keys: list[str], offsets: list[int], fields: list[dict[str, bytes]], end: int,
-                 args: tuple[bytes, int, list[int], list[int]]) -> None:
-        self.keys, self.offsets, self.fields, self.end, self._args = keys, offsets, fields, end, args
-        self.stop = args[1] + end
+    def __init__(self, keys: list[str], offsets: list[int], fields: list[str] | tuple[str, ...], bounds: list[int] | int,
+                 args: tuple[bytes, int, np.ndarray, np.ndarray]) -> None:
+        self.keys, self.offsets, self._args, self._fields, self._bounds = keys, offsets, args, fields, bounds
+        lo = args[2] + BLOCK
+        self._lo, self._hi = lo.tolist(), (lo + args[3]).tolist()
+        self.end = self._hi[-1] + (-int(args[3][-1]) % BLOCK)  # after the last member's padding
+        self.stop = args[1] + self.end
+
+    def _members(self, j: int) -> tuple[int, int]:
+        """The members ``[a, b)`` of sample ``j``."""
+        k = self._bounds
+        return (k * j, k * j + k) if type(k) is int else (k[j], k[j + 1])
+
+    def _names(self, a: int, b: int) -> Iterable[str]:
+        """The field names of members ``[a, b)`` (one sample's, or every second one's)."""
+        fields = self._fields
+        return fields[a:b] if type(fields) is list else fields  # a tuple: every sample's fields
+
+    def sample(self, j: int) -> dict[str, bytes]:
+        """Sample ``j``'s ``{field: bytes}``, in member order (a new dict)."""
+        a, b = self._members(j)
+        buf = self._args[0]
+        return {f: buf[x:y] for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
+
+    def samples(self, first: int, last: int) -> Iterator[dict[str, bytes]]:
+        """Samples ``first`` to ``last`` (excluded), each made as it is taken (see :meth:`sample`)."""
+        if self._bounds != 2:
+            return map(self.sample, range(first, last))
+        a, b = 2 * first, 2 * last
+        fields, lo, hi = self._fields, self._lo, self._hi
+        if type(fields) is list:
+            f0, f1 = fields[a:b:2], fields[a + 1 : b : 2]
+        else:
+            f0, f1 = repeat(fields[0]), repeat(fields[1])
+        return _pairs(self._args[0], f0, lo[a:b:2], hi[a:b:2], f1, lo[a + 1 : b : 2], hi[a + 1 : b : 2])
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
         return iter(checked_members(*self._args))
 
 
-_COLS = np.arange(100)
-_COLS1 = np.arange(1, 101, dtype=np.uint8)  # column + 1, for the last "/"
+def _pairs(buf: bytes, f0: Iterable[str], lo0: list[int], hi0: list[int], f1: Iterable[str], lo1: list[int],
+           hi1: list[int]) -> Iterator[dict[str, bytes]]:
+    """The samples of two members each (the common case), one dict each as it is taken."""
+    for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
+        yield {a: buf[x:y], b: buf[u:v]}
+
+
+_COLS = np.arange(100, dtype=np.uint8)[:, None]  # a name's columns, down the rows of its transpose
+_COLS1 = _COLS + np.uint8(1)  # column + 1, for the last "/"
 _A = np.uint8(65)  # "A": names - _A < 26 for upper-case letters (uint8 arithmetic wraps)
+_NEAR = 32
 
 
-def checked_samples(buf: bytes, base: int, heads: list[int], sizes: list[int]) -> SampleRun | None:
+def _split_names(hdr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The names of the headers ``hdr`` (``(m, 512)`` uint8) split as :func:`.keys.split_name`
+    splits them, for all at once; None unless every one is the common case (see
+    :func:`checked_samples`).
+
+    Returns:
+        ``(names, t, nul, dot, same)``: the names, ``(m, w)`` uint8 (``w``: the longest
+        one's length and its NUL), ``t`` the same transposed (``(w, m)``: numpy's steps
+        then run along all names at once, not along one short name at a time), each
+        name's length and key length (int64, ``(m,)``), and whether a member has the key
+        of the one before it (bool, ``(m,)``).
+    """
+    if not bool((hdr[:, 99] == 0).all()):  # a NUL ends every name
+        return None
+    rows = np.arange(len(hdr))
+    zero = hdr[:, :_NEAR] == 0  # names are most often short: their NULs are looked for near the start first
+    nul = zero.argmax(axis=1)
+    if not bool(zero[rows, nul].all()):
+        nul = (hdr[:, :100] == 0).argmax(axis=1)
+    w = int(nul.max()) + 1
+    names = np.ascontiguousarray(hdr[:, :w])  # the columns any name reaches: the work follows the names' length
+    if int(names.max()) >= 128:  # ASCII only
+        return None
+    t = np.ascontiguousarray(names.T)
+    cols = _COLS[:w]
+    # basename start: one past the last "/" (0 without one); key/field split: the basename's first "."
+    slash = ((t == 47) * _COLS1[:w]).max(axis=0)
+    dots = (t == 46) & (cols >= slash)
+    dot = dots.argmax(axis=0)
+    ok = dots[dot, rows] & (dot > slash) & (dot < nul - 1)
+    ok &= (t[slash, rows] != 95) | (t[np.minimum(slash + 1, w - 1), rows] != 95)  # no "__" basename
+    if not bool(ok.all()):
+        return None
+    upper = (t - _A) < 26
+    if bool(upper.any()) and bool((upper & (cols > dot)).any()):  # a field in upper case
+        return None
+    same = np.zeros(len(nul), dtype=bool)
+    if len(nul) > 1:  # the same key length, and the same bytes before it
+        same[1:] = (dot[1:] == dot[:-1]) & ((t[:, 1:] == t[:, :-1]) | (cols >= dot[1:])).all(axis=0)
+    return names, t, nul, dot, same
+
+
+def _common_fields(t: np.ndarray, nul: np.ndarray, dot: np.ndarray, k: int) -> bool:
+    """Whether every sample of ``k`` members (names transposed, ``t``; name and key lengths
+    ``nul``, ``dot``) has the first sample's field names, in its order."""
+    for j in range(k):
+        d, n = int(dot[j]), int(nul[j])
+        if not ((dot[j::k] == d).all() and (nul[j::k] == n).all() and (t[d:n, j::k] == t[d:n, j : j + 1]).all()):
+            return False
+    return True
+
+
+def checked_samples(buf: bytes, base: int, heads: Heads, sizes: Heads) -> SampleRun | None:
     """The members at ``heads`` (plain headers, checked as :func:`checked_members` does)
     grouped into samples, with the key and field split done for all of them at once.
 
@@ -187,53 +294,39 @@ def checked_samples(buf: bytes, base: int, heads: list[int], sizes: list[int]) -
     Returns:
         A :class:`SampleRun`, or None (nothing checked out, or not the common case).
     """
-    if not heads:
+    if not len(heads):
         return None
     hdr, heads, sizes = _checked_headers(buf, heads, sizes)
     m = len(heads)
-    if not m:
+    split = _split_names(hdr) if m else None
+    if split is None:
         return None
-    names = hdr[:, :100]
-    zero = names == 0
-    if not bool(zero[:, 99].all()):  # a NUL ends every name
-        return None
-    nul = zero.argmax(axis=1)
-    w = int(nul.max()) + 1
-    names = names[:, :w]  # the columns any name reaches: the work follows the names' length
-    if int(names.max()) >= 128:  # ASCII only
-        return None
-    cols = _COLS[:w]
-    # basename start: one past the last "/" (0 without one); key/field split: the basename's first "."
-    slash = ((names == 47) * _COLS1[:w]).max(axis=1)
-    dots = (names == 46) & (cols >= slash[:, None])
-    dot = dots.argmax(axis=1)
-    rows = np.arange(m)
-    ok = dots[rows, dot] & (dot > slash) & (dot < nul - 1)
-    ok &= (names[rows, slash] != 95) | (names[rows, np.minimum(slash + 1, w - 1)] != 95)  # no "__" basename
-    if not bool(ok.all()) or bool((((names - _A) < 26) & (cols > dot[:, None])).any()):  # a field in upper case
-        return None
-    same = np.zeros(m, dtype=bool)  # a member with the key of the member before it
-    if m > 1:
-        keyed = np.where(cols < dot[:, None], names, 0)
-        same[1:] = (dot[1:] == dot[:-1]) & (keyed[1:] == keyed[:-1]).all(axis=1)
+    names, t, nul, dot, same = split
+    w = names.shape[1]
     text = names.tobytes().decode("ascii")
-    at = rows * w
+    at = np.arange(0, m * w, w)
     first = np.flatnonzero(~same)
-    keys = [text[a:b] for a, b in zip(at[first].tolist(), (at + dot)[first].tolist())]
+    d = int(dot[0])
+    if bool((dot[first] == d).all()):  # keys of one length (the most common): one numpy cast makes them all
+        keys = names[first, :d].view(f"S{d}").ravel().astype(f"U{d}").tolist()
+    else:
+        keys = [text[a:b] for a, b in zip(at[first].tolist(), (at + dot)[first].tolist())]
     if len(set(keys)) != len(keys):
         return None
-    fields = [text[a:b] for a, b in zip((at + dot + 1).tolist(), (at + nul).tolist())]
-    datas = [buf[p + BLOCK : p + BLOCK + size] for p, size in zip(heads, sizes)]
-    bounds = first.tolist() + [m]
-    if len(bounds) - 1 == m // 2 and m % 2 == 0 and not bool(same[0::2].any()) and bool(same[1::2].all()):
-        samples = [{fields[j]: datas[j], fields[j + 1]: datas[j + 1]} for j in range(0, m, 2)]
+    k = m // len(first)  # members per sample, if every sample has as many
+    regular = k * len(first) == m and bool((first == np.arange(0, m, k)).all())
+    bounds: list[int] | int = k if regular else [*first.tolist(), m]
+    fields: list[str] | tuple[str, ...]
+    if type(bounds) is int and _common_fields(t, nul, dot, k):  # the fields once, not once a sample
+        fields = tuple(text[a:b] for a, b in zip((at[:k] + dot[:k] + 1).tolist(), (at[:k] + nul[:k]).tolist()))
+        if len(set(fields)) != k:
+            return None
     else:
-        samples = [dict(zip(fields[a:b], datas[a:b])) for a, b in zip(bounds, bounds[1:])]
-    if sum(map(len, samples)) != m:  # a field twice in a sample
-        return None
-    offsets = [base + heads[j] for j in bounds[:-1]]
-    end = heads[-1] + BLOCK + ((sizes[-1] + BLOCK - 1) & ~(BLOCK - 1))
-    return SampleRun(keys, offsets, samples, end, (buf, base, heads, sizes))
+        fields = [text[a:b] for a, b in zip((at + dot + 1).tolist(), (at + nul).tolist())]
+        ends = [*range(0, m + 1, bounds)] if type(bounds) is int else bounds
+        if any(len(set(fields[a:b])) != b - a for a, b in zip(ends, ends[1:])):  # a field twice in a sample
+            return None
+    return SampleRun(keys, (heads[first] + base).tolist(), fields, bounds, (buf, base, heads, sizes))
 
 
 def bulk_members(
@@ -313,12 +406,12 @@ def plain_members(
 
 
 def _bulk_run(
-    buf: bytes, pos: int, base: int, heads: list[int], sizes: list[int], grouped: bool
+    buf: bytes, pos: int, base: int, heads: Heads, sizes: Heads, grouped: bool
 ) -> tuple[list[Member] | SampleRun, int]:
     """The members of a walk (``heads``, ``sizes``) up to the first bad checksum, and the
     position after them (``pos`` when there are none). With ``grouped``, the common case
     comes as a :class:`SampleRun` (see :func:`checked_samples`)."""
-    if not heads:
+    if not len(heads):
         return [], pos
     if grouped and len(heads) >= _GROUPED_MIN:
         found = checked_samples(buf, base, heads, sizes)
@@ -328,4 +421,4 @@ def _bulk_run(
     if not members:
         return [], pos
     last = len(members) - 1
-    return members, heads[last] + BLOCK + ((sizes[last] + BLOCK - 1) & ~(BLOCK - 1))
+    return members, int(heads[last]) + BLOCK + ((int(sizes[last]) + BLOCK - 1) & ~(BLOCK - 1))

@@ -245,24 +245,25 @@ def _grouped(
     keys = run.keys
     head = 0
     if keys[0] == key:  # the open sample goes on in this run
-        if type(fields) is not dict or not fields.keys().isdisjoint(run.fields[0]):
+        more = run.sample(0)
+        if type(fields) is not dict or not fields.keys().isdisjoint(more):
             return None
         head = 1
     if not closed.isdisjoint(keys[head:]) or (not head and key in keys):
         return None  # a key reappears (the open one included): the member path names the error
     if head:
-        fields.update(run.fields[0])
+        fields.update(more)
     last = len(keys) - 1
     if last < head:
         return 0, iter(()), key, fields, offset  # type: ignore[arg-type]
-    done: Iterator[tuple[str, int, Any]] = zip(keys[head:last], run.offsets[head:last], run.fields[head:last])
+    done: Iterator[tuple[str, int, Any]] = zip(keys[head:last], run.offsets[head:last], run.samples(head, last))
     n = last - head
     if key is not None:
         if fields is not None:
             done, n = chain(((key, offset, fields),), done), n + 1
         closed.add(key)
     closed.update(keys[head:last])
-    return n, done, keys[last], run.fields[last], run.offsets[last]
+    return n, done, keys[last], run.sample(last), run.offsets[last]
 
 
 def _key_error(url: str, k: str, offset: int, inside: tuple[str, str] | None = None) -> SampleError:
