@@ -233,16 +233,23 @@ def test_over_the_limit_the_most_read_unheld_blocks_go_first(tmp_path, small_blo
     assert 1 not in present and 2 in present and 4 in present
 
 
-def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_server, tmp_path, small_blocks):
-    """A rank's part of a shard starts where it starts, not at a block bound; a reader
-    that needs the bytes before it in that block fetches those alone."""
-    srv = http_server
-    data = np.random.default_rng(2).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
+def _later_part_staged(srv, tmp_path, seed):
+    """A 500,000-byte object on ``srv`` whose bytes 200,000-450,000 worker 1 of 2 has read
+    through a new staging area: returns ``(url, data, area root)``."""
+    data = np.random.default_rng(seed).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
     url = srv.put("obj.bin", data)
     root = str(tmp_path / "area")
     os.makedirs(root)
     later = staged.staged_chunks(url, 200_000, 450_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
     assert b"".join(later) == data[200_000:450_000]
+    return url, data, root
+
+
+def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_server, tmp_path, small_blocks):
+    """A rank's part of a shard starts where it starts, not at a block bound; a reader
+    that needs the bytes before it in that block fetches those alone."""
+    srv = http_server
+    url, data, root = _later_part_staged(srv, tmp_path, seed=2)
     assert srv.stats.body_bytes == 250_000  # its part only
     whole = staged.staged_chunks(url, 0, None, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
     assert b"".join(whole) == data
@@ -257,12 +264,7 @@ def test_a_fetch_that_starts_before_its_reader_read_the_meta_file_stops_at_the_n
     fetch wrote): its request still ends where the next staged block begins. It asked for the
     rest of the object before, and the store sent bytes no block of this fetch takes."""
     srv = http_server
-    data = np.random.default_rng(3).integers(0, 256, 500_000, dtype=np.uint8).tobytes()
-    url = srv.put("obj.bin", data)
-    root = str(tmp_path / "area")
-    os.makedirs(root)
-    later = staged.staged_chunks(url, 200_000, 450_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
-    assert b"".join(later) == data[200_000:450_000]  # blocks 3 .. 6 staged, the meta file written
+    url, data, root = _later_part_staged(srv, tmp_path, seed=3)  # blocks 3 .. 6 staged, the meta file written
     srv.reset_stats()
     obj = staged_blocks.StagedObject(StagingScope(root, 0, 2), url, FAST)  # its meta not read yet
     fetch = staged.Fetch(obj, 0, obj.claim(0), None)
