@@ -39,7 +39,7 @@ from .graph.records import GraphRecord
 from .transfer import BY_VALUE_MAX_BYTES, shared_out
 from .world import World
 
-__all__ = ["Collate", "collate", "takes_graph_records"]
+__all__ = ["Collate", "collate", "is_builtin", "takes_graph_records"]
 
 
 def collate(
@@ -207,12 +207,18 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
         return None
 
 
+def is_builtin(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` is :func:`collate` or a :class:`Collate`: shardflow's own
+    code, which draws from no random generator."""
+    return collate_fn is collate or type(collate_fn) is Collate
+
+
 def takes_graph_records(collate_fn: Any) -> bool:
     """Whether ``collate_fn`` batches :class:`~shardflow.graph.records.GraphRecord` values
     (:func:`collate` and :class:`Collate` do), so that a dataset may decode graph fields
     into records for it (see :func:`shardflow.codecs.decode_field`); False with the fast
     paths off (:mod:`shardflow.fastpath`)."""
-    return (collate_fn is collate or type(collate_fn) is Collate) and fastpath.enabled()
+    return is_builtin(collate_fn) and fastpath.enabled()
 
 
 def _refuse_image_sizes(field: str | None, samples: list[Any], values: list[Any]) -> None:

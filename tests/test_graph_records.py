@@ -238,6 +238,30 @@ def test_a_layout_seen_before_is_read_from_its_template():
         decode_graph_record(buf[:8] + padded + buf[8 + len(text) :])
 
 
+def test_a_template_reads_tensors_stored_in_another_order():
+    graph = Data(x=torch.arange(6.0).reshape(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]), w=torch.arange(4) + 7)
+    good = encode_graph(graph)
+    n = int.from_bytes(good[:8], "little")
+    header, data = json.loads(good[8 : 8 + n]), good[8 + n :]
+    entries = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    in_order = _hand_made(header, data)
+    assert type(assert_like_decode_graph(in_order)) is GraphRecord  # (its layout learned)
+    # the same layout, the edge ids and w (both 32 bytes) swapped in the data section
+    a, b = (k for k in entries if header[k]["dtype"] == "I64")
+    (a0, a1), (b0, b1) = header[a]["data_offsets"], header[b]["data_offsets"]
+    assert a1 - a0 == b1 - b0 == 32 and a1 == b0
+    swapped = json.loads(json.dumps(header))
+    swapped[a]["data_offsets"], swapped[b]["data_offsets"] = [b0, b1], [a0, a1]
+    buf = _hand_made(swapped, data[:a0] + data[b0:b1] + data[a0:a1] + data[b1:])
+    assert headers.match(_header_text(buf)) is not None
+    assert type(assert_like_decode_graph(buf)) is GraphRecord
+    # overlapping tensors in the learned layout: decode_graph's error
+    overlap = json.loads(json.dumps(header))
+    overlap[b]["data_offsets"] = [a0, a1]
+    assert headers.match(_header_text(_hand_made(overlap, data))) is not None
+    assert assert_like_decode_graph(_hand_made(overlap, data)) is None
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_damaged_bytes_give_decode_graphs_outcome(data):

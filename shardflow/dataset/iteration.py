@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import reader, storage
 from ..batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
-from ..collation import takes_graph_records
+from ..collation import is_builtin, takes_graph_records
 from ..errors import ShardflowError
 from ..plan import shuffle_buffer, split_unsized, worker_batches
 from ..policy import ErrorPolicy
@@ -166,7 +166,9 @@ class Iteration:
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
         items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
         counted = count_good(items, policy)
-        seeder = self._seeder(world, epoch)
+        # shardflow's own collate draws nothing: only a user's collate_fn is seeded per batch
+        user_collate = not is_builtin(b.collate)
+        seeder = Seeder(self.seed, epoch, world.rank, self.sample_seeding if user_collate else ())
         if self.sized:
             def seed_batch(index: int) -> None:
                 seeder.batch(ids[index])
@@ -176,7 +178,9 @@ class Iteration:
             batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
         try:
             # in the training process (num_workers=0), its own generators stay where it left them
-            restore = self.sample_seeding and not World.in_worker()
+            # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
+            user_code = user_collate or self.transform is not None or self.expand is not None
+            restore = self.sample_seeding and user_code and not World.in_worker()
             for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
                 yield WorkerItem(world.worker, index, batch, policy.snapshot())
             if world.num_workers == 1 or policy.stats["samples"]:

@@ -62,12 +62,14 @@ class HeaderTemplate:
         names: the graph's attribute names, in order.
         attr_entries: ``attr_entries(arrays of the entries)`` -> the arrays of the
             attributes, in order.
+        chain: the entries' ``(start, end)`` positions in the order in which the learned
+            header's tensors follow each other in the data section (see :meth:`tiles`).
     """
 
-    __slots__ = ("attr_entries", "entries", "fmt", "names", "needed", "pick", "runs")
+    __slots__ = ("attr_entries", "chain", "entries", "fmt", "names", "needed", "pick", "runs")
 
     def __init__(self, fmt: bytes, runs: int, holes: list[int], needed: list[int], entries: list[tuple],
-                 names: tuple[str, ...], attr_entries: list[int]) -> None:
+                 names: tuple[str, ...], attr_entries: list[int], chain: list[tuple[int, int]]) -> None:
         self.fmt = fmt
         self.runs = runs
         self.pick = itemgetter(*holes)
@@ -75,6 +77,19 @@ class HeaderTemplate:
         self.entries = entries
         self.names = names
         self.attr_entries = _getter(attr_entries)
+        self.chain = chain
+
+    def tiles(self, numbers: list[int], size: int) -> bool:
+        """Whether the entries' offsets in ``numbers`` tile a data section of ``size``
+        bytes in the learned order (each tensor starting where the one before it ends).
+        False says only that they do not in that order:
+        :func:`~shardflow.graph.decode.check_tiling` decides then."""
+        reached = 0
+        for s, e in self.chain:
+            if numbers[s] != reached:
+                return False
+            reached = numbers[e]
+        return reached == size
 
 
 def match(text: bytes) -> tuple[HeaderTemplate, list[int]] | None:
@@ -185,6 +200,8 @@ def _template(text: bytes) -> HeaderTemplate | None:
     fmt.append(text[pos:])
     wanted = sorted(needed)
     at = {run: k for k, run in enumerate(wanted)}
+    starts = [info["data_offsets"][0] for info in header.values()]
+    chain = [(at[entries[k][2]], at[entries[k][3]]) for k in sorted(range(len(entries)), key=starts.__getitem__)]
     entries = [(dtype, _getter([at[d] for d in dims]), at[s], at[e]) for dtype, dims, s, e in entries]
     return HeaderTemplate(b"".join(fmt), len(runs), order, [position[run] for run in wanted], entries,
-                          tuple(attrs), [index[enc["tensor"]] for enc in attrs.values()])
+                          tuple(attrs), [index[enc["tensor"]] for enc in attrs.values()], chain)

@@ -27,6 +27,7 @@ its usual error.
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,8 @@ _INFER_KEYS = frozenset({"num_nodes", "x", "pos", "batch", "adj", "adj_t", "edge
 _INT64 = np.dtype("<i8")
 _PYG: list[bool] = []  # [True] once torch_geometric imported
 _UINT64 = np.dtype("<u8")
+_MAX = np.maximum.reduce  # (ndarray.max() without its Python wrapper)
+_U64 = struct.Struct("<Q").unpack_from
 
 
 class GraphRecord:
@@ -140,8 +143,10 @@ def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
     view = memoryview(buf)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
-    header_len = int.from_bytes(view[:8], "little")
-    if len(view) < 8 or header_len > len(view) - 8:
+    if len(view) < 8:
+        return None
+    (header_len,) = _U64(view)
+    if header_len > len(view) - 8:
         return None
     text = bytes(view[8 : 8 + header_len])
     found = match(text)
@@ -149,15 +154,14 @@ def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
         template, numbers = found
         data_start = 8 + header_len
         arrays = []
-        spans = []
         for np_dtype, shape, s, e in template.entries:  # (_entry_arrays, for numbers known to be >= 0)
-            start, end = numbers[s], numbers[e]
+            start = numbers[s]
             array = np.ndarray(shape(numbers), np_dtype, view, data_start + start)  # numpy checks it fits
-            if array.nbytes != end - start:
+            if array.nbytes != numbers[e] - start:
                 return None
-            spans.append((start, end))
             arrays.append(array)
-        check_tiling(spans, len(view) - data_start)
+        if not template.tiles(numbers, len(view) - data_start):  # (in another order, or not at all)
+            check_tiling([(numbers[s], numbers[e]) for _, _, s, e in template.entries], len(view) - data_start)
         return _finish(buf, template.names, template.attr_entries(arrays), max_nodes, max_edges)
     record = _parsed_record(buf, max_nodes, max_edges)
     if record is not None:
@@ -232,7 +236,7 @@ def _finish(buf: Any, names: tuple[str, ...], arrays: Sequence[np.ndarray], max_
         if ids.dtype != _INT64 or ids.ndim != 2 or ids.shape[0] != 2 or ids.shape[1] > max_edges:
             return None
         # One reduction: as uint64 a negative id is above every bound.
-        if ids.size and int(ids.view(_UINT64).max()) >= (max_nodes if nodes is None else min(nodes, max_nodes)):
+        if ids.size and int(_MAX(ids.view(_UINT64), None)) >= (max_nodes if nodes is None else min(nodes, max_nodes)):
             return None
     if first_n_key is None or not arrays[first_n_key].ndim:
         return None  # PyG infers the node count otherwise (and warns): the graph decides
