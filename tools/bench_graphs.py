@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.workdir:
         parser.error("WORKDIR is required")
-    sizes = [args.graphs, args.graphs * args.scale]
+    sizes = sorted({args.graphs, args.graphs * args.scale})  # --scale 1: the one size, measured once
     results: dict[int, dict] = {}
     for g in sizes:
         work = os.path.join(args.workdir, f"g{g}")
@@ -375,8 +375,15 @@ def _report(args: argparse.Namespace, sizes: list[int], results: dict[int, dict]
         e2 = f"{cpu[1]:,.0f}" if len(cpu) > 1 else "-"
         q2 = f"{scpu[1] / cpu[1]:.2f}x" if len(cpu) > 1 else "-"
         print(f"| {LABELS[p]} | {cpu[0]:,.0f} | {e2} | {scpu[0] / cpu[0]:.2f}x | {q2} |")
-    print("\n### Peak RSS of the reading process (ru_maxrss), dataset grown 4x\n")
-    big = sizes[1]
+    big = sizes[-1]
+    if big == g:  # --scale 1: one data set
+        print("\n### Peak RSS of the reading process (ru_maxrss)\n")
+        print(f"| pipeline | {g:,} graphs |\n|---|---:|")
+        for p in PIPELINES:
+            print(f"| {LABELS[p]} | {_mb(results[g]['read'][p]['ru_maxrss_kb'])} |")
+        _report_conversion(sizes, results)
+        return
+    print(f"\n### Peak RSS of the reading process (ru_maxrss), dataset grown {args.scale}x\n")
     print(f"| pipeline | {g:,} graphs | {big:,} graphs | growth |")
     print("|---|---:|---:|---:|")
     for p in PIPELINES:
@@ -389,6 +396,10 @@ def _report(args: argparse.Namespace, sizes: list[int], results: dict[int, dict]
     for p in PIPELINES:
         rates = results[big]["read"][p]["rates"]
         print(f"| {LABELS[p]} | {rates[0]:,.0f} | {f'{rates[1]:,.0f}' if len(rates) > 1 else '-'} |")
+    _report_conversion(sizes, results)
+
+
+def _report_conversion(sizes: list[int], results: dict[int, dict]) -> None:
     print("\n### Conversion (once per dataset)\n")
     print("| graphs | `to_shards` graphs/s (all CPUs) | shard bytes / graphs' own tensor bytes | webdataset write graphs/s |")
     print("|---:|---:|---:|---:|")
