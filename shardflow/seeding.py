@@ -3,11 +3,12 @@
 Before a per-sample transform (and ``expand``) runs, torch's default CPU generator,
 numpy's legacy global generator (``np.random.*``) and Python's ``random`` module are
 seeded from ``(seed, epoch, key)``; before a user's ``collate_fn`` runs on a batch, from
-``(seed, epoch, rank, batch index)`` (shardflow's own collate draws nothing, so a batch it
-makes, of samples that no transform touched, is made without seeding or restoring anything). So a random crop of sample ``k`` in epoch ``e``
-is the same with 0 or 8 workers, on 1 or 4 ranks, in a rerun and after a resume,
-and differs between epochs. Each sample is seeded afresh, so nothing one sample
-draws leaks into the next. DESIGN.md §10.
+``(seed, epoch, rank, batch index)`` (shardflow's own collate draws nothing, so a batch
+it makes, of samples that no transform touched, is made without seeding or restoring
+anything). So a random crop of sample ``k`` in epoch ``e`` is the same with 0 or 8
+workers, on 1 or 4 ranks, in a rerun and after a resume, and differs between epochs.
+Each sample is seeded afresh, so nothing one sample draws leaks into the next.
+DESIGN.md §10.
 
 Seeds are 64-bit values from BLAKE2b over the parts (stable across machines and
 Python versions, unlike ``hash()``). Each generator takes its own bits of the seed, so

@@ -124,9 +124,14 @@ class Iteration:
             items = reader.apply_transform(items, seeder.wrap(self.transform), policy)
         return items, sizes
 
-    def _seeder(self, world: World, epoch: int) -> Seeder:
-        """Seeds the global generators per sample and per batch (see :mod:`shardflow.seeding`)."""
-        return Seeder(self.seed, epoch, world.rank, self.sample_seeding)
+    def _seeder(self, world: World, epoch: int, enabled: bool = True) -> Seeder:
+        """Seeds the global generators per sample and per batch (see :mod:`shardflow.seeding`);
+        with ``enabled`` False, none (a seeder that does nothing)."""
+        return Seeder(self.seed, epoch, world.rank, self.sample_seeding if enabled else ())
+
+    def _runs_user_code(self) -> bool:
+        """Whether code of the user's runs while a sample is prepared (a transform, ``expand``)."""
+        return self.transform is not None or self.expand is not None
 
     def _iter_samples(self, world: World, epoch: int, resume: ResumePoint | None, policy: ErrorPolicy) -> Iterator[Any]:
         ids = self._units(world, epoch, resume)
@@ -142,7 +147,7 @@ class Iteration:
         self, world: World, epoch: int, ids: list[int], skip: int, policy: ErrorPolicy, progress: list[Any], in_main: bool
     ) -> Iterator[Any]:
         items, _ = self._pipeline(world, epoch, ids, skip, policy)
-        if in_main and self.sample_seeding and (self.transform is not None or self.expand is not None):
+        if in_main and self.sample_seeding and self._runs_user_code():
             items = restoring(items, self.sample_seeding)  # the training loop's generators stay where it left them
         stats = policy.stats
         try:
@@ -168,7 +173,7 @@ class Iteration:
         counted = count_good(items, policy)
         # shardflow's own collate draws nothing: only a user's collate_fn is seeded per batch
         user_collate = not is_builtin(b.collate)
-        seeder = Seeder(self.seed, epoch, world.rank, self.sample_seeding if user_collate else ())
+        seeder = self._seeder(world, epoch, enabled=user_collate)
         if self.sized:
             def seed_batch(index: int) -> None:
                 seeder.batch(ids[index])
@@ -179,8 +184,7 @@ class Iteration:
         try:
             # in the training process (num_workers=0), its own generators stay where it left them
             # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
-            user_code = user_collate or self.transform is not None or self.expand is not None
-            restore = self.sample_seeding and user_code and not World.in_worker()
+            restore = self.sample_seeding and (user_collate or self._runs_user_code()) and not World.in_worker()
             for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
                 yield WorkerItem(world.worker, index, batch, policy.snapshot())
             if world.num_workers == 1 or policy.stats["samples"]:
