@@ -184,6 +184,22 @@ def test_transform_error_names_key_and_skip_counts(tmp_path):
     assert ds.stats["transform"] == 1 and ds.stats["skipped"] == 1
 
 
+def test_a_per_field_transform_of_a_missing_field_is_named_as_the_user_wrote_it(tmp_path):
+    """The error names the per-field transform the user passed, not the seeding wrapper
+    around it (sample seeding is on by default)."""
+    d = write(tmp_path, n=2)
+
+    def crop(x):
+        return x
+
+    with pytest.raises(SampleError) as raised:
+        list(shardflow.ShardDataset(d, transform={"img": crop}))
+    message = str(raised.value)
+    assert "sample '000000': transform FieldMap({'img': " in message and "crop" in message
+    assert "no field 'img' to transform (fields present: ['cls'])" in message
+    assert "Seeder" not in message and "<locals>.seeded" not in message
+
+
 def test_undecodable_image_names_shard_and_key(tmp_path):
     with shardflow.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
         w.write({"__key__": "good", "jpg": b"\xff\xd8 not really", "cls": 1})

@@ -158,7 +158,8 @@ def expand_each(samples: Iterator[Sample | None], prepare: Prepare, k: int) -> I
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:
     """Apply the user's per-sample transform; a raised exception follows the policy,
     a returned None drops the sample (counted as ``filtered``)."""
-    name = getattr(transform, "__qualname__", repr(transform))
+    fn = getattr(transform, "__wrapped__", transform)  # the user's, not the seeding wrapper (functools.wraps)
+    name = getattr(fn, "__qualname__", repr(fn))
     for s in samples:
         if s is None:
             yield None
