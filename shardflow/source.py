@@ -148,10 +148,29 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
     elif as_given:
         urls = [source]
     else:
+        _refuse_missing_folder(source)
         urls = expand_urls(source, options.storage_options)
     if not urls:
         raise FileNotFoundError("the source lists no shards")
     return _sibling_manifest(urls, options, cache) or ShardSet(urls, None, [None] * len(urls))
+
+
+def _refuse_missing_folder(source: str) -> None:
+    """Raise now for a local path that names no file, folder or pattern (a misspelt folder),
+    rather than when its one "shard" is first read.
+
+    Raises:
+        FileNotFoundError: ``source`` is a local path without a shard suffix, a glob or a
+            brace pattern, and nothing exists there.
+    """
+    if not storage.is_local(source) or source.endswith(SHARD_SUFFIXES) or has_glob(source) or "{" in source:
+        return
+    path = local_path(source)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(
+            f"{source}: no such folder or file (a dataset is a folder of shards, its shardflow.json, "
+            "a shard, or a pattern such as 'train-{000000..000009}.tar')"
+        )
 
 
 def _resolve_entry(entry: Any, options: storage.IOOptions, cache: dict[str, Manifest | None]) -> tuple[ShardSet, Source]:

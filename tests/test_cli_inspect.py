@@ -230,12 +230,13 @@ def test_help_and_inspect_of_image_shards_do_not_import_torch(tmp_path: Path) ->
 
 
 def test_a_path_with_nothing_to_read_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A mistyped path is not an empty dataset: the error is printed and the exit code is 1."""
+    """A mistyped path is not an empty dataset, nor a shard that went missing: the error
+    names the path as given, before anything is read, and the exit code is 1."""
     missing = tmp_path / "no-such-folder"
     assert main(["inspect", str(missing), "--json"]) == 1
-    info = json.loads(capsys.readouterr().out)
-    assert info["samples"] == 0
-    assert info["errors"] == [f"{missing}: shard not found: {missing}"]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"error: {missing}: no such folder or file (a dataset is a folder of shards" in err
 
 
 def mixture_config(tmp_path, s3_prefix, s3_options, monkeypatch):

@@ -328,3 +328,15 @@ def test_a_home_relative_source_is_expanded(tmp_path, monkeypatch):
         ds = shardflow.ShardDataset(source, decode=None)
         assert len(ds) == 3 and [s["__key__"] for s in ds] == ["000000", "000001", "000002"], source
         assert ds.urls[0] == str(tmp_path / "shards" / "t-000000.tar")
+
+
+def test_a_misspelt_folder_is_refused_when_the_dataset_is_built(tmp_path):
+    """A local path with nothing at it (and no pattern in it) is a FileNotFoundError that
+    names it at once, not a one-shard dataset whose shard is missing at the first read."""
+    d = write(tmp_path / "train", n=2)
+    assert len(shardflow.ShardDataset(d)) == 2
+    typo = str(tmp_path / "trian")
+    with pytest.raises(FileNotFoundError, match=r"trian: no such folder or file \(a dataset is a folder of shards"):
+        shardflow.ShardDataset(typo)
+    with pytest.raises(FileNotFoundError, match="no such folder or file"):
+        shardflow.ShardDataset(str(tmp_path / "train" / "nested" / "x"))
