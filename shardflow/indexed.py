@@ -39,7 +39,7 @@ from .codecs import DecodeOptions, with_limits
 from .dataset import check_picklable_transform
 from .errors import ManifestError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
-from .format.tar import iter_samples
+from .format.tar import iter_samples, raw_sample
 from .policy import ErrorPolicy
 from .reader import Prepare, tag_source
 from .sources.source import ShardSet, resolve_source
@@ -314,9 +314,7 @@ class IndexedShardDataset(Dataset):
                 reason="stale_index",
             )
         key, _, fields = found[0]
-        sample: dict[str, Any] = {"__key__": key, "__url__": url}
-        sample.update(fields)  # type: ignore[arg-type]
-        return tag_source(sample, self._sources)
+        return tag_source(raw_sample(key, url, fields), self._sources)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
         """Sample ``index`` (negative counts from the end), decoded and transformed.

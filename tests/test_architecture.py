@@ -276,3 +276,16 @@ def test_dependency_internals_stay_in_their_module(pattern, allowed):
         if re.search(pattern, line) and not line.lstrip().startswith("#")
     )
     assert not found, f"{pattern!r} used outside {sorted(allowed) or 'nowhere allowed'}: {found}"
+
+
+def test_the_sample_dict_is_built_in_at_most_two_places():
+    # a dict display with a "__key__" key: the sample readers hand on is built in one place
+    # (shardflow.format.tar.raw_sample), so its shape cannot drift between reading paths
+    built = sorted(
+        f"{m.name}:{node.lineno}"
+        for m in GRAPH.values()
+        for node in ast.walk(m.tree)
+        if isinstance(node, ast.Dict)
+        and any(isinstance(k, ast.Constant) and k.value == "__key__" for k in node.keys)
+    )
+    assert 1 <= len(built) <= 2, f"the sample dict is built in {len(built)} places (at most 2): {built}"

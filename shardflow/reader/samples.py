@@ -15,6 +15,7 @@ import numpy as np
 from ..codecs import DecodeOptions, decode_field, field_alternatives
 from ..errors import DecodeError, MissingFieldError, SampleError
 from ..expand import Expand
+from ..format.tar import raw_sample
 from ..policy import ErrorPolicy
 from ..seeding import Seeder
 from ..world import stable_seed
@@ -111,7 +112,7 @@ class Prepare:
         the first present is kept under the first name. ``"image"`` stands for
         whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
         """
-        out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
+        out: Sample = raw_sample(s["__key__"], s["__url__"])
         for name, alternatives in self._wanted or ():
             for alt in alternatives:
                 if alt in s:
