@@ -115,7 +115,7 @@ def iter_samples(
     if limit is not None and limit <= 0:
         return None
     group = _Grouping(url, starts, sample_errors, limit, start)
-    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled())
+    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled("bulk"))
     stopped: list[int] = []
     try:
         for run in _kept(walk, stopped):

@@ -146,7 +146,7 @@ def _open(
 ) -> tuple[RunTable, Recovery, Iterator[tuple[int, int, int, bool, int]]] | None:
     """The run table, its recovery (and streams) and the steps of :func:`read_planned`;
     None when no position is needed."""
-    table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled())
+    table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled("blocks"))
     if table is None:
         return None
     recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold))
