@@ -39,18 +39,17 @@ from .codecs import DecodeOptions, with_limits
 from .dataset import check_picklable_transform
 from .errors import ManifestError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
+from .format.compression import COMPRESSED_SUFFIXES
 from .format.tar import iter_samples, raw_sample
 from .policy import ErrorPolicy
 from .reader import Prepare, tag_source
 from .sources.source import ShardSet, resolve_source
-from .storage.urls import SHARD_SUFFIXES
 from .transforms import map_fields
 
 __all__ = ["IndexedShardDataset"]
 
 log = logging.getLogger(__name__)
 
-_COMPRESSED_SUFFIXES = tuple(s for s in SHARD_SUFFIXES if s != ".tar")
 
 
 @dataclass
@@ -152,7 +151,7 @@ class IndexedShardDataset(Dataset):
                 "manifest and offset indexes"
             )
         compressed = [u for u, info in zip(self.source.urls, manifest.shards)
-                      if u.lower().endswith(_COMPRESSED_SUFFIXES) and not info.frames]
+                      if u.lower().endswith(COMPRESSED_SUFFIXES) and not info.frames]
         if compressed:
             raise ShardFormatError(_compressed_message(compressed[0], len(compressed)), reason="compressed_shard")
         missing = [u for u, ix in zip(self.source.urls, self.source.index_urls) if ix is None]

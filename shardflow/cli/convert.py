@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from ..policy import CONVERT_ON_ERROR
 from .convert_common import add_shard_options, options_from_args, run_converter
 from .convert_common import rate as _rate
 from .convert_stores import add_lmdb, add_parquet
@@ -56,7 +57,7 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
         help="class indices of another dataset (its folder or manifest: meta.class_to_idx) or of a JSON / text "
         "list of class names, e.g. the training set's for a val split; a class folder not in it is an error",
     )  # fmt: skip
-    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+    parser.add_argument("--on-error", choices=CONVERT_ON_ERROR, default="skip",
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")

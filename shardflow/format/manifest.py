@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import ManifestError
 from .keys import codec_extension
+from .compression import COMPRESSED_SUFFIXES
 from .limits import Limits
 from .npy import header_of
 
@@ -227,7 +228,7 @@ def encode_offsets(offsets: Sequence[Any] | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-_COMPRESSED = (".gz", ".tgz", ".zst", ".zstd")
+_COMPRESSED = tuple(s[s.rindex(".") :] for s in COMPRESSED_SUFFIXES)  # .gz, .tgz, .zst, .zstd: any last one
 _BLOCK = 512  # tar headers start on 512-byte blocks
 
 

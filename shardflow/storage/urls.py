@@ -18,6 +18,8 @@ import posixpath
 import re
 from urllib.parse import unquote, urljoin
 
+from ..format.compression import SHARD_SUFFIXES
+
 __all__ = [
     "LOCAL_PROTOCOLS",
     "SHARD_SUFFIXES",
@@ -32,7 +34,6 @@ __all__ = [
     "protocol_of",
 ]
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
 LOCAL_PROTOCOLS = frozenset({"", "file", "local"})
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")

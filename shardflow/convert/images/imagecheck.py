@@ -24,16 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConversionError, DecodeError
+from ...policy import CONVERT_ON_ERROR
 from ..engine.groups import Skipped
 from .imageclasses import Descriptor
 from .walk import LocalTree, Tree
 
-__all__ = ["BuildContext", "ON_ERROR", "build", "check_image", "READ_THREADS"]
+__all__ = ["BuildContext", "build", "check_image", "READ_THREADS"]
 
 log = logging.getLogger(__name__)
-
-ON_ERROR = ("skip", "raise")
-"""Values of ``on_error`` for a corrupt image: skip it (named in the manifest) or raise."""
 
 READ_THREADS = 16
 """Objects a worker reads at once from a bucket (in order; at most twice as many held)."""
@@ -50,8 +48,8 @@ class BuildContext:
     on_error: str = "skip"
 
     def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.on_error not in CONVERT_ON_ERROR:
+            raise ValueError(f"on_error must be one of {CONVERT_ON_ERROR}, got {self.on_error!r}")
 
 
 def _header_size(data: bytes) -> tuple[int, int]:

@@ -53,7 +53,7 @@ from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
-from .imagecheck import ON_ERROR, BuildContext, build
+from .imagecheck import BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
 from .imagekeys import key_names, key_to_path
@@ -61,7 +61,6 @@ from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "ON_ERROR",
     "convert_imagefolder",
     "find_classes",
     "count_images",
