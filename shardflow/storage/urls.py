@@ -18,6 +18,7 @@ import posixpath
 import re
 from urllib.parse import unquote, urljoin
 
+from ..compat.fsspec import strip_protocol
 from ..format.compression import SHARD_SUFFIXES
 
 __all__ = [
@@ -69,7 +70,7 @@ def local_path(url: str) -> str:
         return url
     from fsspec.implementations.local import LocalFileSystem
 
-    return LocalFileSystem._strip_protocol(url)
+    return strip_protocol(LocalFileSystem, url)
 
 
 def expand_braces(pattern: str) -> list[str]:

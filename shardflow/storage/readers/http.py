@@ -7,6 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from shardflow.compat.aio import request_parameters
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError, ShortReadError
@@ -22,11 +23,7 @@ logger = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=1)
 def _aiohttp_auto_decompress_per_request() -> bool:
-    import inspect
-
-    import aiohttp
-
-    return "auto_decompress" in inspect.signature(aiohttp.ClientSession._request).parameters
+    return "auto_decompress" in request_parameters()
 
 
 class HTTPReader(StreamReader):
