@@ -362,3 +362,14 @@ def test_private_names_of_other_packages_only_in_compat():
     found = {m.name: f for m in GRAPH.values()
              if not m.name.startswith("shardflow.compat") and (f := _dependency_privates(m, own))}
     assert not found, f"private names of other packages outside shardflow.compat (wrap them there): {found}"
+
+
+MAX_MODULES_PER_FOLDER = 15
+"""Modules (``.py`` files, ``__init__.py`` included) directly in one package folder, the top level too."""
+
+
+def test_no_package_folder_holds_more_than_15_modules():
+    folders = {PACKAGE, *(p.parent for p in PACKAGE.rglob("__init__.py"))}
+    crowded = {str(f.relative_to(PACKAGE.parent)): n for f in sorted(folders)
+               if (n := len(list(f.glob("*.py")))) > MAX_MODULES_PER_FOLDER}
+    assert not crowded, f"package folders over {MAX_MODULES_PER_FOLDER} modules (give them sub-packages): {crowded}"
