@@ -4,7 +4,8 @@ and modules and functions stay small enough to hold in mind (no exemption list).
 
 The import graph is built with ``ast`` from every module of the package: module-level
 and function-level imports (an import inside a function still ties the two modules
-together), but not those under ``if TYPE_CHECKING:``, which never run.
+together), and those under ``if TYPE_CHECKING:`` too (they never run, but a circle of them
+is still two modules that each need the other to be understood).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def build_graph() -> dict[str, Module]:
     modules = _modules()
     for module in modules.values():
         bound: set[str] = set()  # local names bound to shardflow modules
-        for node in _runtime_nodes(module.tree):
+        for node in ast.walk(module.tree):  # (``if TYPE_CHECKING:`` imports too: a typing-only circle is one)
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == "shardflow" or alias.name.startswith("shardflow."):

@@ -62,7 +62,7 @@ from .reading import is_compressed, iter_chunks, read_range, read_small
 from .readers import open_regular, regular_fd
 from .backends.redirects import MAX_REDIRECTS, RedirectError
 from .sharing.staged import prefetch
-from .sharing.staging import enter_area, let_go, staged_epoch, staging_for
+from .sharing.staging import StagedOptions, enter_area, let_go, scope_of, staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -111,4 +111,6 @@ __all__ = [
     "enter_area",
     "let_go",
     "staging_for",
+    "scope_of",
+    "StagedOptions",
 ]
