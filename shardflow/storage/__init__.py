@@ -42,7 +42,8 @@ from __future__ import annotations
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_chunks
 
 from . import fork  # noqa: F401 - registers the fork hooks
-from .errors import DestinationLockedError, NotRegularFileError, RemoteWriteError, ShardChangedError, ShardNotFoundError, SymlinkError
+from .errors import (DestinationLockedError, NotRegularFileError, RemoteWriteError, ShardChangedError, ShardNotFoundError,
+                     SymlinkError, UnsafeFolderError)
 from .filesystems import filesystem
 from .framed import open_framed, read_framed_range
 from .listing import expand_urls, list_glob
@@ -54,6 +55,7 @@ from .reading import is_compressed, iter_chunks, read_range, read_small
 from .readers import open_regular, regular_fd
 from .redirects import MAX_REDIRECTS, RedirectError
 from .staged import prefetch
+from .areas import job_id
 from .staging import enter_area, let_go, staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
@@ -67,6 +69,7 @@ __all__ = [
     "ShardNotFoundError",
     "NotRegularFileError",
     "SymlinkError",
+    "UnsafeFolderError",
     "ZSTD_MAGIC",
     "decompressing_chunks",
     "exists",
@@ -103,4 +106,5 @@ __all__ = [
     "enter_area",
     "let_go",
     "staging_for",
+    "job_id",
 ]

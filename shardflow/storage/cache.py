@@ -11,12 +11,14 @@ import os
 import posixpath
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
 from shardflow.errors import RemoteReadError, redact
 
+from .areas import open_private, private_folder
 from .errors import ShardChangedError
 from .filesystems import filesystem, fresh_info, has_validator, object_identity
 from .options import IOOptions
@@ -41,6 +43,16 @@ class ShardCache:
     each download, when a process first opens the cache with a given limit (a cache
     filled under a larger limit shrinks to a lowered one), and after each hit that
     finds it over the limit (another process's, or a lowered, limit).
+
+    The folder is this user's alone: made 0700 when missing, and refused when it is a
+    symbolic link, another user's, or writable by others (an ``UnsafeFolderError``: a
+    planted entry would be served without a request). Its files are opened with
+    ``O_NOFOLLOW``, and an entry is served only when it is a regular file of this user's
+    (not a link) of the size the store reported, or the one pinned to the manifest's
+    digest that its fill was checked against.
+
+    Raises:
+        UnsafeFolderError: the folder (or its ``.locks``) is not safe to use.
     """
 
     _opened: set[tuple[str, int]] = set()  # (root, limit) already shrunk by this process
@@ -48,7 +60,10 @@ class ShardCache:
     def __init__(self, root: str, limit: int) -> None:
         self.root = root
         self.limit = limit
-        os.makedirs(os.path.join(root, ".locks"), exist_ok=True)
+        parent = os.path.dirname(os.path.abspath(root))
+        os.makedirs(parent, exist_ok=True)
+        private_folder(root, "shard cache", private=False)  # an existing cache may be readable by others
+        private_folder(os.path.join(root, ".locks"), "shard cache", private=False)
         if (root, limit) not in ShardCache._opened:
             ShardCache._opened.add((root, limit))
             self.shrink()
@@ -183,7 +198,7 @@ class ShardCache:
         data = os.path.join(self.root, name)
         lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
         fd = self._lock(lock_path, fcntl.LOCK_SH)
-        if os.path.isfile(data):  # (complete: a copy is renamed into place once filled and checked)
+        if self._regular(data) is not None:  # (complete: a copy is renamed into place once filled and checked)
             return fd, lock_path, data
         self._release(fd, lock_path)
         return None
@@ -199,7 +214,7 @@ class ShardCache:
         import fcntl
 
         for _attempt in range(1000):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, how)
                 if cls._same_file(fd, path):
@@ -234,18 +249,28 @@ class ShardCache:
         finally:
             os.close(fd)
 
+    @classmethod
+    def _present(cls, data: str, size: int) -> bool:
+        return cls._regular(data) == size
+
     @staticmethod
-    def _present(data: str, size: int) -> bool:
+    def _regular(data: str) -> int | None:
+        """The size of the entry ``data`` when it is a regular file of this user's (a symbolic
+        link, another user's file or anything else is no entry: never served); else None."""
         try:
-            return os.stat(data).st_size == size
+            st = os.lstat(data)
         except FileNotFoundError:
-            return False
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            logger.warning("shard cache: %s is not a regular file of this user's; not served", data)
+            return None
+        return st.st_size
 
     @contextlib.contextmanager
     def _global_lock(self) -> Iterator[None]:
         import fcntl
 
-        fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_private(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -263,7 +288,7 @@ class ShardCache:
                                self.root, url, size, self.limit)
                 return False
             tmp = os.path.join(self.root, f".tmp-{key}-{size}-{secrets.token_hex(6)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks the download alive for _make_room
         try:
             written = fill(tmp, fd, url, options, identity, sha256)
@@ -313,7 +338,7 @@ class ShardCache:
             return True
         for _mtime, name, path, nbytes in sorted(entries):
             lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -341,7 +366,7 @@ class ShardCache:
         import fcntl
 
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_private(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
         try:
