@@ -118,7 +118,7 @@ def user_folder(base: str, what: str) -> str:
         return private_folder(os.path.join(base, f"{USER_PREFIX}{uid}"), what)
     check_folder(base, private=False, what=what)  # raises: says what is wrong with it
     raise UnsafeFolderError(
-        f"{what} folder {_describe(base, st)} is shared without the sticky bit; refusing it. "
+        f"{what} {_describe(base, st)} is shared without the sticky bit; refusing it. "
         "Give a folder that only you can write"
     )
 
@@ -133,7 +133,7 @@ def staging_base(staging_dir: str | None) -> str:
     """
     base = staging_dir if staging_dir is not None else tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
-    return user_folder(base, "staging")
+    return user_folder(base, "staging folder")
 
 
 def open_private(path: str, flags: int, mode: int = 0o600) -> int:
@@ -151,13 +151,24 @@ def open_private(path: str, flags: int, mode: int = 0o600) -> int:
         raise UnsafeFolderError(f"{path} is a symbolic link; refusing to open it (it is never followed)") from exc
 
 
-def _start_time(pid: int) -> str | None:
-    """The start time of process ``pid`` (clock ticks after boot, from ``/proc``), or None."""
+def _stat(pid: str) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command's ``)``: state, ppid, ... (stat(5))."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def _start_time(parent: bool) -> str | None:
+    """The start time (clock ticks after boot) of this process or its parent, or None.
+
+    Found from ``/proc/self`` (a pid seen inside a container's pid namespace names another
+    process in a ``/proc`` mounted outside it).
+    """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[19].decode()  # field 22 of stat(5); the first two are before the ')'
-    except (OSError, IndexError):
+        fields = _stat("self")
+        if parent:
+            fields = _stat(fields[1].decode())
+        return fields[19].decode()  # field 22 of stat(5)
+    except (OSError, IndexError, ValueError):
         return None
 
 
@@ -167,7 +178,7 @@ def job_id(in_worker: bool) -> str:
     forked workers inherit (a spawned worker then has an area of its own).
     """
     pid = os.getppid() if in_worker else os.getpid()
-    start = _start_time(pid)
+    start = _start_time(in_worker)
     if start is not None:
         return f"{pid}@{start}"
     if _TOKEN[0] == pid:  # this process, or (forked) the worker's parent
