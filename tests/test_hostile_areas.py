@@ -27,8 +27,9 @@ import pytest
 
 import shardflow
 from shardflow import IOOptions
-from shardflow.storage import UnsafeFolderError, staged_blocks, staging
-from shardflow.storage.cache import ShardCache
+from shardflow.storage import UnsafeFolderError
+from shardflow.storage.sharing import staging
+from shardflow.storage.sharing.cache import ShardCache
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from .. import reader, storage
-from ..batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
-from ..collation import is_builtin, takes_graph_records
+from ..loading.batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
+from ..loading.collation import is_builtin, takes_graph_records
 from ..errors import ShardflowError
-from ..plan import shuffle_buffer, split_unsized, worker_batches
+from ..planning.plan import shuffle_buffer, split_unsized, worker_batches
 from ..policy import ErrorPolicy
 from ..seeding import Seeder, restoring
 from ..state import ResumePoint

@@ -3,14 +3,14 @@
 On a link with latency, a worker's first request goes out only once the worker is forked,
 has set up its pipeline and made its own store client: with several workers on few cores,
 that is several tenths of a second after ``iter()``. The rank's workers share their fetches
-through a staging area (:mod:`shardflow.storage.staging`), so the main process can start
+through a staging area (:mod:`shardflow.storage.sharing.staging`), so the main process can start
 those fetches itself, at ``iter()``, into the area the workers are about to read: the bytes
 are on their way while the workers start, and a worker that needs them waits for them there
 as it would for another worker's fetch.
 
 Only the shards of the workers' first batches that the rank reads whole are fetched (from
 the start, as a worker reading them whole would fetch them), each up to
-:data:`~shardflow.storage.staged.PREFETCH_BYTES`: the first batches' bytes, not large shards
+:data:`~shardflow.storage.sharing.staged.PREFETCH_BYTES`: the first batches' bytes, not large shards
 through the training process. Every byte is still fetched once per rank, in the same
 requests for shards up to that size (one more per larger shard: the worker fetches on
 from the next block).
