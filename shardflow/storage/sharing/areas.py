@@ -31,7 +31,7 @@ from ..errors import UnsafeFolderError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_folder", "job_id", "open_private", "private_folder", "staging_base", "user_folder"]
+__all__ = ["check_folder", "job_id", "open_private", "own_file_size", "private_folder", "staging_base", "user_folder"]
 
 USER_PREFIX = "shardflow-"  # the per-user folder in a shared temporary folder: shardflow-<uid>
 _TOKEN = (os.getpid(), secrets.token_hex(8))  # where a process start time is not known (no /proc)
@@ -149,6 +149,22 @@ def open_private(path: str, flags: int, mode: int = 0o600) -> int:
         if exc.errno != errno.ELOOP:
             raise
         raise UnsafeFolderError(f"{path} is a symbolic link; refusing to open it (it is never followed)") from exc
+
+
+def own_file_size(path: str) -> int | None:
+    """The size of ``path`` when it is a regular file of this user's, else None (nothing there,
+    or a symbolic link, another user's file or anything else: logged, never used).
+
+    Used for the entries of a cache, which are served without being read first.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        logger.warning("%s is not a regular file of this user's; not served (a link is never followed)", path)
+        return None
+    return st.st_size
 
 
 def _stat(pid: str) -> list[bytes]:

@@ -11,7 +11,6 @@ import os
 import posixpath
 import re
 import secrets
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
@@ -19,7 +18,7 @@ from typing import BinaryIO
 from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
-from .areas import open_private, private_folder
+from .areas import open_private, own_file_size, private_folder
 from ..backends.filesystems import filesystem, fresh_info, has_validator, object_identity
 from ..options import IOOptions
 from ..reading import retried_chunks
@@ -198,7 +197,7 @@ class ShardCache:
         data = os.path.join(self.root, name)
         lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
         fd = self._lock(lock_path, fcntl.LOCK_SH)
-        if self._regular(data) is not None:  # (complete: a copy is renamed into place once filled and checked)
+        if own_file_size(data) is not None:  # (complete: a copy is renamed into place once filled and checked)
             return fd, lock_path, data
         self._release(fd, lock_path)
         return None
@@ -249,22 +248,9 @@ class ShardCache:
         finally:
             os.close(fd)
 
-    @classmethod
-    def _present(cls, data: str, size: int) -> bool:
-        return cls._regular(data) == size
-
     @staticmethod
-    def _regular(data: str) -> int | None:
-        """The size of the entry ``data`` when it is a regular file of this user's (a symbolic
-        link, another user's file or anything else is no entry: never served); else None."""
-        try:
-            st = os.lstat(data)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            logger.warning("shard cache: %s is not a regular file of this user's; not served", data)
-            return None
-        return st.st_size
+    def _present(data: str, size: int) -> bool:
+        return own_file_size(data) == size
 
     @contextlib.contextmanager
     def _global_lock(self) -> Iterator[None]:
