@@ -103,7 +103,7 @@ def private_folder(path: str, what: str, *, private: bool = True) -> str:
 def user_folder(base: str, what: str) -> str:
     """The folder of this user's areas in ``base``: ``base`` itself when only this user can
     write it, else ``<base>/shardflow-<uid>`` (0700) when ``base`` is a shared folder with
-    the sticky bit (owned by this user or by root).
+    the sticky bit (owned by this user or by root), or root's and writable by nobody else.
 
     Raises:
         UnsafeFolderError: ``base`` is a symbolic link, not a folder, owned by another user
@@ -114,7 +114,10 @@ def user_folder(base: str, what: str) -> str:
     uid = os.geteuid()
     if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
         return base
-    if stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0) and st.st_mode & stat.S_ISVTX:
+    # shared with the sticky bit (others cannot rename what is ours), or root's and written by
+    # nobody else (a folder this user may not write in: making the per-user folder fails)
+    sticky, written = st.st_mode & stat.S_ISVTX, st.st_mode & 0o022
+    if stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0) and (sticky or not written):
         return private_folder(os.path.join(base, f"{USER_PREFIX}{uid}"), what)
     check_folder(base, private=False, what=what)  # raises: says what is wrong with it
     raise UnsafeFolderError(
