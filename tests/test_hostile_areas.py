@@ -188,9 +188,9 @@ def test_a_per_user_folder_that_is_not_this_users_alone_is_refused(served, tmp_p
 
 
 @ROOT
-def test_an_area_folder_of_another_user_is_refused_by_the_workers(served, tmp_path):
-    """``staging_dir`` given, made by another user (not shared with the sticky bit: its owner
-    can rename anything in it): the DataLoader's workers refuse it."""
+def test_a_staging_dir_of_another_user_is_refused_through_the_loader(served, tmp_path):
+    """``staging_dir`` given, made by another user (its owner can rename anything in it):
+    refused by a loader with 2 workers (the main process's first fetches, or the workers)."""
     url, _ = served
     theirs = tmp_path / "theirs"
     theirs.mkdir()
