@@ -49,6 +49,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from ...codecs.resize import DEFAULT_QUALITY
 from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
@@ -194,6 +195,8 @@ def convert_imagefolder(
     classes_from: str | os.PathLike[str] | Mapping[str, int] | list[str] | None = None,
     on_error: str = "skip",
     follow_links: bool = False,
+    max_side: int | None = None,
+    quality: int = DEFAULT_QUALITY,
 ) -> Manifest:
     """Convert an ImageFolder tree into tar shards plus ``shardflow.json``.
 
@@ -225,6 +228,11 @@ def convert_imagefolder(
         on_error: a corrupt image: ``"skip"`` (named in ``meta.skipped``, with
             a warning) or ``"raise"``.
         follow_links: follow symlinked directories that lead out of the tree.
+        max_side: shrink images whose long side exceeds this many pixels, once, as they are
+            packed (:mod:`shardflow.codecs.resize`: Pillow's ``thumbnail``, re-encoded in
+            their own format); smaller images are kept byte for byte. None (default): every
+            image as stored.
+        quality: JPEG/WebP quality (1..100) of the images ``max_side`` re-encodes.
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
@@ -236,7 +244,7 @@ def convert_imagefolder(
         (hidden directories, symlinks into or out of the tree, loops),
         ``ignored`` (the first 1,000 of both, ``{"path", "reason"}``), and
         ``skipped_count`` / ``skipped`` (corrupt images left out, named with the
-        reason, the first 1,000).
+        reason, the first 1,000); with ``max_side``, ``resize`` (``{"max_side", "quality"}``).
 
     Raises:
         ConversionError: ``src`` has no class folder; some classes have no
@@ -251,7 +259,7 @@ def convert_imagefolder(
     src = os.fspath(src)
     dst = os.fspath(dst)
     exts = _normalize_extensions(extensions)
-    ctx = BuildContext(open_tree(src, options.io, follow_links), on_error)
+    ctx = BuildContext(open_tree(src, options.io, follow_links), on_error, max_side, quality)
     _check_destination(src, dst)
     tree = ctx.tree
     ignored = Ignored()
@@ -268,6 +276,9 @@ def convert_imagefolder(
     meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
     if given is not None:
         meta["classes_from"] = origin
+    identity: dict[str, Any] = {"converter": "imagefolder", "source": source}
+    if max_side is not None:
+        meta["resize"] = identity["resize"] = {"max_side": max_side, "quality": quality}
     return run_conversion(
         dst,
         walk.descriptors(),
@@ -277,7 +288,7 @@ def convert_imagefolder(
         meta_at_end=walk.summary,
         options=options,
         progress=progress,
-        identity={"converter": "imagefolder", "source": source},
+        identity=identity,
         client=client,
     )
 
