@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConversionError, DecodeError
+from ..errors import ConversionError, DecodeError, redact
 from .groups import Skipped
 from .imageclasses import Descriptor
 from .walk import LocalTree, Tree
@@ -155,5 +155,5 @@ def build(descriptors: list[Descriptor], ctx: BuildContext) -> Iterator[Any]:
         if ctx.on_error == "raise":
             raise ConversionError(f"{tree.url(rel)}: {why} (on_error='skip' / --on-error skip leaves it out)",
                                   reason="corrupt_image")  # fmt: skip
-        log.warning("%s: %s, skipped", tree.url(rel), why)
+        log.warning("%s: %s, skipped", redact(tree.url(rel)), why)
         yield Skipped(rel, why)

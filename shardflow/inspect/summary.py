@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import storage
 from ..codecs import DecodeOptions, decode_field
-from ..errors import SampleError, ShardflowError
+from ..errors import SampleError, ShardflowError, redact
 from ..format.keys import codec_extension
 from ..format.tar import iter_samples
 from ..mixing import epoch_quotas
@@ -82,7 +82,7 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
                     add_graph(acc, graph_record(decode_field(name, data, decode_options)))
                 except ShardflowError as e:
                     acc["errors"] = acc.get("errors", 0) + 1
-                    log.debug("%s: sample %r: %s", task.url, key, e)
+                    log.debug("%s: sample %r: %s", redact(task.url), key, e)
         raw.drain()
     except ShardflowError as e:
         res.error = f"{task.url}: {strip_url(str(e), task.url)}"
