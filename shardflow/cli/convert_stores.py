@@ -12,6 +12,7 @@ from typing import Any
 
 from .convert_common import add_shard_options, options_from_args, rate, run_converter
 from .options import storage_options
+from .shown import shown
 from .units import counted
 
 __all__ = ["add_parquet", "add_lmdb"]
@@ -52,7 +53,7 @@ def _parquet(args: argparse.Namespace) -> int:
         named = f", {counted(len(classes), 'class', 'classes')}" if classes else ""
         files = len(m.meta.get("files", []))
         return (f"{counted(m.num_samples, 'row')} of {counted(files, 'file')}{named} -> "
-                f"{counted(len(m.shards), 'shard')} {rate(m.num_samples, seconds, 'rows')} in {args.dst}")  # fmt: skip
+                f"{counted(len(m.shards), 'shard')} {rate(m.num_samples, seconds, 'rows')} in {shown(args.dst)}")  # fmt: skip
 
     return run_converter(
         lambda update, client: convert_parquet(
@@ -97,8 +98,8 @@ def _lmdb(args: argparse.Namespace) -> int:
     def summary(m: Any, seconds: float) -> str:
         changed = m.meta.get("keys", {}).get("changed", 0)
         note = f" ({counted(changed, 'key')} escaped, see meta.keys)" if changed else ""
-        return (f"{counted(m.num_samples, 'key')} of {args.src} -> {counted(len(m.shards), 'shard')} "
-                f"{rate(m.num_samples, seconds, 'keys')} in {args.dst}{note}")  # fmt: skip
+        return (f"{counted(m.num_samples, 'key')} of {shown(args.src)} -> {counted(len(m.shards), 'shard')} "
+                f"{rate(m.num_samples, seconds, 'keys')} in {shown(args.dst)}{note}")  # fmt: skip
 
     return run_converter(
         lambda update, client: convert_lmdb(

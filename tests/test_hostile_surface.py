@@ -1,0 +1,152 @@
+"""Issue 32, what a newcomer and a hostile name still met: names printed raw to the terminal,
+look-alike class folders, Hugging Face configs merged without a word, parquet images by path,
+torchdata's StatefulDataLoader, and the newcomer's stumbles (a misspelt bucket, the "jpg" field
+on ImageNet, graphs without torch_geometric, logging inside the progress bar, SIGTERM).
+
+Each case ran on the code before its fix and failed there (see each test's docstring).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+import shardflow
+from shardflow.convert.engine import ConvertOptions
+from shardflow.errors import ConversionError
+from tests.helpers import tiny_image
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    """``shardflow ARGV`` in a fresh interpreter (its own logging setup, as a user runs it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "shardflow.cli", *argv], capture_output=True, text=True,
+                          timeout=100, env=env, **kwargs)
+
+
+# ------------------------------------------------------------------ terminal and names
+
+
+def test_convert_prints_hostile_file_names_escaped(tmp_path: Path) -> None:
+    """A file name's escape sequence reached the terminal raw and a newline in a name printed
+    a line of the attacker's (here a fake summary line)."""
+    cls = tmp_path / "src" / "dog"
+    cls.mkdir(parents=True)
+    (cls / "good.png").write_bytes(tiny_image("PNG", 0))
+    (cls / "\x1b[2J\x1b]0;pwned\x07bad.png").write_bytes(b"not a png")
+    (cls / "x.png\n1000000 samples, 1 class, 1 shard in 0.1 s -> elsewhere").write_bytes(b"not a png")
+    (cls / "notes\x1b[31m.txt").write_bytes(b"not an image")
+    proc = cli("convert", "imagefolder", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    for text in (proc.stdout, proc.stderr):
+        assert "\x1b" not in text and "\x07" not in text
+        assert not [line for line in text.splitlines() if line.startswith("1000000 samples")]
+    assert proc.stdout.splitlines()[0].startswith("1 sample, 1 class, 1 shard")
+    assert "dog/\\x1b[2J\\x1b]0;pwned\\x07bad.png" in proc.stdout  # named, escaped as repr() does
+    assert "dog/x.png\\n1000000 samples" in proc.stdout
+    assert "notes\\x1b[31m.txt" in proc.stdout + proc.stderr
+
+
+def test_class_folders_that_differ_only_in_normalization_are_refused(tmp_path: Path) -> None:
+    """'café' written NFC and NFD were two classes (0 and 1) printed identically."""
+    from shardflow.convert.imagefolder import convert_imagefolder
+
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    for i, name in enumerate((nfc, nfd)):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        (tmp_path / "src" / name / "a.png").write_bytes(tiny_image("PNG", i))
+    if len(os.listdir(tmp_path / "src")) != 2:
+        pytest.skip("this file system normalizes names: the two folders are one")
+    with pytest.raises(ConversionError) as info:
+        convert_imagefolder(str(tmp_path / "src"), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    assert "'caf\\xe9'" in str(info.value) and "'cafe\\u0301'" in str(info.value)
+    assert "Unicode normalization" in str(info.value)
+    assert not (tmp_path / "out" / "shardflow.json").exists()
+
+
+def _run_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """``shardflow ARGV`` with standard error on a pseudo-terminal (so a progress bar is drawn);
+    returns its exit status and what the terminal received."""
+    import pty
+
+    import fcntl
+    import struct
+    import termios
+
+    main_fd, sub_fd = pty.openpty()
+    fcntl.ioctl(sub_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.cli", *argv], stdout=subprocess.DEVNULL,
+                            stderr=sub_fd, env=env)
+    os.close(sub_fd)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main_fd)
+    return proc.wait(timeout=100), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_warnings_print_above_the_progress_bar_not_inside_it(tmp_path: Path) -> None:
+    """A warning was written after the bar's text on the bar's own line
+    ('imagefolder:  50%|...| 1/2 [..]WARNING ...')."""
+    cls = tmp_path / "src" / "dog"
+    cls.mkdir(parents=True)
+    (cls / "a.png").write_bytes(tiny_image("PNG", 0))
+    (cls / "b.png").write_bytes(b"not a png")
+    code, text = _run_on_a_terminal(["convert", "imagefolder", str(tmp_path / "src"), str(tmp_path / "out"),
+                                     "--workers", "1"])
+    assert code == 0, text
+    assert "imagefolder" in text  # a bar was drawn
+    warned = [line for line in text.replace("\r\n", "\n").split("\n") if "WARNING" in line]
+    assert warned, text
+    for line in warned:  # what the terminal shows of the line: the text after its last carriage return
+        assert line.split("\r")[-1].lstrip(" ").startswith("WARNING"), repr(line)
+
+
+def test_sigterm_ends_a_conversion_with_a_word_and_a_rerun_resumes(flaky_http_server, tmp_path: Path) -> None:
+    """SIGTERM ended `convert` with no output at all (status -15); now it says it was
+    interrupted and that a re-run resumes, which the re-run does."""
+    import signal
+
+    from tests.servers import wait_until
+
+    srv = flaky_http_server
+    srv.put("lines.txt", b"".join(b"line %06d\n" % i for i in range(400_000)))  # 4.4 MB
+    # the first 4 MiB block (381,300 lines) comes whole, the rest never until the server stops
+    srv.faults.stall_after = 4_300_000
+    dst = tmp_path / "out"
+    argv = ["convert", "lines", srv.url + "/lines.txt", str(dst), "--workers", "1", "--max-count", "50000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert wait_until(lambda: len(list(dst.glob("train-*.tar"))) >= 3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert "shardflow convert: interrupted (SIGTERM)" in err
+    assert "re-running the same command resumes" in err
+    srv.faults.stall_after = None
+    again = cli(*argv)
+    assert again.returncode == 0, again.stderr
+    assert "400000 samples from 400000 lines" in again.stdout
+    assert "(kept " in again.stdout  # the shards finished before SIGTERM were kept
+    lines = [s["txt"] for s in shardflow.ShardDataset(str(dst), decode=None)]
+    assert lines == [b"line %06d" % i for i in range(400_000)]
