@@ -150,3 +150,43 @@ def test_sigterm_ends_a_conversion_with_a_word_and_a_rerun_resumes(flaky_http_se
     assert "(kept " in again.stdout  # the shards finished before SIGTERM were kept
     lines = [s["txt"] for s in shardflow.ShardDataset(str(dst), decode=None)]
     assert lines == [b"line %06d" % i for i in range(400_000)]
+
+
+# ------------------------------------------------------------------ formats and frameworks
+
+
+def test_stateful_dataloader_with_workers_warns_at_save_and_refuses_the_resume(tmp_path: Path) -> None:
+    """torchdata's StatefulDataLoader with 2 workers resumed into 200 samples of a 160-sample
+    epoch without a word (docs/frameworks.md said so, nothing at run time did)."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from tests.helpers import make_shards
+
+    root = make_shards(tmp_path, [40, 40, 40, 40])
+    script = f"""
+import logging
+logging.basicConfig(level=logging.WARNING)
+import shardflow
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+def make():
+    return StatefulDataLoader(shardflow.ShardDataset({str(root)!r}, decode=None), batch_size=8, num_workers=2)
+
+dl = make()
+it = iter(dl)
+head = [next(it) for _ in range(5)]
+state = dl.state_dict()
+del it
+again = make()
+again.load_state_dict(state)
+try:
+    n = sum(len(b["__key__"]) for b in again)
+except shardflow.errors.StateError as e:
+    print("REFUSED", str(e).splitlines()[-1][-40:])
+else:
+    print("RESUMED", 40 + n)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.startswith("REFUSED"), (proc.stdout, proc.stderr[-3000:])
+    assert "ShardDataset.state_dict() was called in DataLoader worker" in proc.stderr
+    assert proc.stderr.count("ShardDataset.state_dict() was called") == 2  # once per worker process
