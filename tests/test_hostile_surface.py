@@ -190,3 +190,97 @@ else:
     assert proc.stdout.startswith("REFUSED"), (proc.stdout, proc.stderr[-3000:])
     assert "ShardDataset.state_dict() was called in DataLoader worker" in proc.stderr
     assert proc.stderr.count("ShardDataset.state_dict() was called") == 2  # once per worker process
+
+
+def _hf_repo(root: Path, configs: dict[str, dict[str, int]]) -> None:
+    """A Hugging Face repo folder: ``root/<config>/<split>-00000-of-00001.parquet`` of ``n`` rows each."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    for config, splits in configs.items():
+        (root / config).mkdir(parents=True)
+        for split, n in splits.items():
+            table = pa.table({"text": [f"{config}/{split} {i}" for i in range(n)]})
+            pq.write_table(table, root / config / f"{split}-00000-of-00001.parquet")
+
+
+def test_hugging_face_configs_convert_one_at_a_time_unless_merged(tmp_path: Path) -> None:
+    """A repo whose configs data/ and extra/ each hold a train split was merged into one
+    dataset of 7 rows without a word."""
+    from shardflow.convert.parquet import convert_parquet
+
+    _hf_repo(tmp_path / "repo", {"data": {"train": 4}, "extra": {"train": 3}})
+    with pytest.raises(ConversionError) as info:
+        convert_parquet(str(tmp_path / "repo"), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    text = str(info.value)
+    assert "2 Hugging Face configs" in text and "data/ (train), extra/ (train)" in text
+    assert "--merge-configs" in text and str(tmp_path / "repo" / "data") in text
+    with pytest.raises(ConversionError, match="2 Hugging Face configs"):  # a glob over both is the same merge
+        convert_parquet(str(tmp_path / "repo" / "**" / "train-*.parquet"), str(tmp_path / "out"))
+    one = convert_parquet(str(tmp_path / "repo" / "data"), str(tmp_path / "one"), options=ConvertOptions(workers=1))
+    assert [s["txt"] for s in shardflow.ShardDataset(str(tmp_path / "one"))] == [f"data/train {i}" for i in range(4)]
+    assert one.num_samples == 4
+    both = convert_parquet(str(tmp_path / "repo"), str(tmp_path / "both"), merge_configs=True,
+                           options=ConvertOptions(workers=1))
+    assert both.num_samples == 7
+
+
+def test_the_several_splits_refusal_suggests_a_glob_within_one_config(tmp_path: Path) -> None:
+    """The refusal of a repo of several splits suggested 'repo/**/test-*.parquet', which merges
+    the configs' test splits."""
+    from shardflow.convert.parquet import convert_parquet
+
+    _hf_repo(tmp_path / "repo", {"data": {"train": 4, "test": 2}})
+    with pytest.raises(ConversionError) as info:
+        convert_parquet(str(tmp_path / "repo"), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    glob = str(tmp_path / "repo" / "data" / "test-*.parquet")
+    assert f"give a glob such as {glob}" in str(info.value) and "**" not in str(info.value)
+    assert convert_parquet(glob, str(tmp_path / "out"), options=ConvertOptions(workers=1)).num_samples == 2
+
+
+def _images_by_path(tmp_path: Path, paths: list[str]) -> Path:
+    """A parquet file as ``datasets``' to_parquet() writes local images: {bytes: null, path}."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"image": pa.array([{"bytes": None, "path": p} for p in paths], image),
+                      "label": list(range(len(paths)))})
+    (tmp_path / "ds").mkdir(exist_ok=True)
+    pq.write_table(table, tmp_path / "ds" / "train.parquet")
+    return tmp_path / "ds" / "train.parquet"
+
+
+def test_parquet_images_by_path_are_packed_from_the_named_folder(tmp_path: Path) -> None:
+    """Images referenced by path were refused ('only images stored inside the file') and could
+    not be packed at all."""
+    from shardflow.cli import main
+
+    images = tmp_path / "ds" / "images"
+    images.mkdir(parents=True)
+    want = [tiny_image("PNG", 0), tiny_image("JPEG", 1)]
+    (images / "a.png").write_bytes(want[0])
+    (images / "b.jpg").write_bytes(want[1])
+    src = _images_by_path(tmp_path, ["images/a.png", str(images / "b.jpg")])  # relative, absolute
+    assert main(["convert", "parquet", str(src), str(tmp_path / "out"), "--images-root", str(tmp_path / "ds"),
+                 "--workers", "1"]) == 0  # fmt: skip
+    got = list(shardflow.ShardDataset(str(tmp_path / "out"), decode=None))
+    assert [(s.get("png") or s.get("jpg"), s["cls"]) for s in got] == [(want[0], b"0"), (want[1], b"1")]
+    with pytest.raises(ConversionError, match="--images-root DIR"):  # without the option: the option is named
+        from shardflow.convert.parquet import convert_parquet
+
+        convert_parquet(str(src), str(tmp_path / "out2"), options=ConvertOptions(workers=1))
+
+
+@pytest.mark.parametrize("path", ["../secret.png", "/etc/passwd", "images/link.png"])
+def test_a_parquet_image_path_out_of_the_images_root_is_refused(tmp_path: Path, path: str) -> None:
+    from shardflow.convert.imagepaths import ImagePathError
+    from shardflow.convert.parquet import convert_parquet
+
+    (tmp_path / "secret.png").write_bytes(tiny_image("PNG", 7))
+    (tmp_path / "ds" / "images").mkdir(parents=True)
+    (tmp_path / "ds" / "images" / "link.png").symlink_to(tmp_path / "secret.png")
+    src = _images_by_path(tmp_path, [path])
+    with pytest.raises(ImagePathError) as info:
+        convert_parquet(str(src), str(tmp_path / "out"), images_root=str(tmp_path / "ds"),
+                        options=ConvertOptions(workers=2))  # raised in a worker process
+    assert repr(path) in str(info.value) and "outside images_root" in str(info.value)
+    assert "key 000000000" in str(info.value)

@@ -38,6 +38,16 @@ def add_parquet(kinds: argparse._SubParsersAction) -> None:
         "--columns", metavar="COL[:FIELD],...",
         help="columns to convert, in order, optionally renamed: image:jpg,label:cls (default: all)",
     )  # fmt: skip
+    p.add_argument(
+        "--merge-configs", action="store_true",
+        help="convert the files of several Hugging Face configs (data/, extra/, ...) into one dataset "
+        "(default: refused; give one config's folder)",
+    )  # fmt: skip
+    p.add_argument(
+        "--images-root", metavar="DIR",
+        help="read images that the files reference by path (datasets' to_parquet() of local images) from "
+        "this folder; a relative path is relative to its Parquet file, and a path out of DIR is an error",
+    )  # fmt: skip
     add_shard_options(p)
     p.set_defaults(func=_parquet)
 
@@ -46,7 +56,8 @@ def _parquet(args: argparse.Namespace) -> int:
     from ..convert.parquet import convert_parquet, count_rows
 
     options = options_from_args(args)
-    total = count_rows(args.src, storage_options(args.storage_option)) if sys.stderr.isatty() else None
+    total = (count_rows(args.src, storage_options(args.storage_option), merge_configs=args.merge_configs)
+             if sys.stderr.isatty() else None)  # fmt: skip
 
     def summary(m: Any, seconds: float) -> str:
         classes = m.meta.get("class_to_idx")
@@ -57,7 +68,8 @@ def _parquet(args: argparse.Namespace) -> int:
 
     return run_converter(
         lambda update, client: convert_parquet(
-            args.src, args.dst, columns=args.columns, options=options, progress=update, client=client
+            args.src, args.dst, columns=args.columns, options=options, progress=update, client=client,
+            merge_configs=args.merge_configs, images_root=args.images_root,
         ),
         summary,
         args=args,
