@@ -284,3 +284,25 @@ def test_a_parquet_image_path_out_of_the_images_root_is_refused(tmp_path: Path, 
                         options=ConvertOptions(workers=2))  # raised in a worker process
     assert repr(path) in str(info.value) and "outside images_root" in str(info.value)
     assert "key 000000000" in str(info.value)
+
+
+# ------------------------------------------------------------------ a newcomer's stumbles
+
+
+def test_a_misspelt_s3_prefix_or_bucket_is_a_file_not_found_at_build(s3_prefix, s3_options, tmp_path) -> None:
+    """A typo in an s3:// URL built a one-"shard" dataset: len() then advised `shardflow index`
+    and inspect printed 0 samples."""
+    import fsspec
+
+    from tests.helpers import make_shards
+
+    folder = make_shards(tmp_path, [5, 5])
+    fs = fsspec.filesystem("s3", **s3_options)
+    fs.put(str(folder) + "/", s3_prefix + "data/", recursive=True)
+    io = shardflow.IOOptions(storage_options=s3_options)
+    assert len(shardflow.ShardDataset(s3_prefix + "data/", io=io)) == 10  # the real one
+    bucket = s3_prefix.split("/")[2]
+    for typo in (s3_prefix + "dta/", s3_prefix + "dta", s3_prefix.replace(bucket, bucket + "-typo") + "data/"):
+        with pytest.raises(FileNotFoundError, match="nothing at this URL") as info:
+            shardflow.ShardDataset(typo, io=io)
+        assert typo.rstrip("/") in str(info.value)
