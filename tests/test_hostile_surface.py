@@ -306,3 +306,24 @@ def test_a_misspelt_s3_prefix_or_bucket_is_a_file_not_found_at_build(s3_prefix, 
         with pytest.raises(FileNotFoundError, match="nothing at this URL") as info:
             shardflow.ShardDataset(typo, io=io)
         assert typo.rstrip("/") in str(info.value)
+
+
+def test_asking_for_jpg_on_imagenet_suggests_the_image_alias(tmp_path: Path) -> None:
+    """ImageNet's .JPEG files (and its few PNGs) become 'jpeg' / 'png' fields; docs/remote.md's
+    fields=("jpg", "cls") failed on them without a word about the 'image' alias."""
+    from shardflow.convert.imagefolder import convert_imagefolder
+    from shardflow.errors import MissingFieldError
+
+    (tmp_path / "src" / "n01440764").mkdir(parents=True)
+    (tmp_path / "src" / "n01440764" / "a.JPEG").write_bytes(tiny_image("JPEG", 0))
+    (tmp_path / "src" / "n01440764" / "b.png").write_bytes(tiny_image("PNG", 1))
+    convert_imagefolder(str(tmp_path / "src"), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    with pytest.raises(MissingFieldError) as info:  # at build: the manifest lists the fields
+        shardflow.ShardDataset(str(tmp_path / "out"), fields=("jpg", "cls"))
+    assert "its images are stored as 'jpeg', 'png': ask for 'image'" in str(info.value)
+    shard = next((tmp_path / "out").glob("*.tar"))
+    with pytest.raises(MissingFieldError) as info:  # a shard read without its manifest: at the sample
+        list(shardflow.ShardDataset(str(shard), fields=("jpg", "cls")))
+    assert "ask for 'image'" in str(info.value)
+    got = list(shardflow.ShardDataset(str(tmp_path / "out"), fields=("image", "cls"), decode="numpy"))
+    assert sorted(s["image"].shape for s in got) == [(3, 4, 3), (3, 4, 3)]
