@@ -327,3 +327,25 @@ def test_asking_for_jpg_on_imagenet_suggests_the_image_alias(tmp_path: Path) -> 
     assert "ask for 'image'" in str(info.value)
     got = list(shardflow.ShardDataset(str(tmp_path / "out"), fields=("image", "cls"), decode="numpy"))
     assert sorted(s["image"].shape for s in got) == [(3, 4, 3), (3, 4, 3)]
+
+
+def test_inspect_of_graphs_without_torch_geometric_names_the_extra(tmp_path: Path) -> None:
+    """Without torch_geometric, inspect printed 0 graphs, nodes 0 and edges 0, and advised
+    `shardflow verify`, with no word of the missing package."""
+    pytest.importorskip("torch_geometric")
+    import torch
+    from torch_geometric.data import Data
+
+    with shardflow.ShardWriter(str(tmp_path / "g" / "train-%06d.tar"), max_count=10) as w:
+        for i in range(4):
+            w.write({"__key__": f"g{i}", "pyg": Data(x=torch.zeros(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]])),
+                     "cls": i % 2})
+    script = ("import sys\nsys.modules['torch_geometric'] = None  # as if it were not installed\n"
+              "sys.modules['torch_geometric.data'] = None\n"
+              f"from shardflow.cli import main\nsys.exit(main(['inspect', {str(tmp_path / 'g')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "4 graphs not decoded: decoding 'pyg' fields needs the optional package 'torch_geometric'" in proc.stdout
+    assert "pip install 'shardflow[graphs]'" in proc.stdout
+    assert "nodes per graph  min 0" not in proc.stdout and "shardflow verify" not in proc.stdout

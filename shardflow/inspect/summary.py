@@ -17,7 +17,7 @@ from ..format.tar import iter_samples
 from ..mixing import epoch_quotas
 from ..source import ShardSet, resolve_source
 from .chunks import HashingChunks, strip_url
-from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs
+from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs, missing_extra
 from .peek import head
 from .pool import Progress, Ticker, default_workers, map_shards, preload
 
@@ -82,6 +82,9 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
                     add_graph(acc, graph_record(decode_field(name, data, decode_options)))
                 except ShardflowError as e:
                     acc["errors"] = acc.get("errors", 0) + 1
+                    missing = missing_extra(e)
+                    if missing:  # torch_geometric is not installed: say so, with the extra
+                        acc["missing"] = missing
                     log.debug("%s: sample %r: %s", redact(task.url), key, e)
         raw.drain()
     except ShardflowError as e:
