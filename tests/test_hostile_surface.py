@@ -349,3 +349,20 @@ def test_inspect_of_graphs_without_torch_geometric_names_the_extra(tmp_path: Pat
     assert "4 graphs not decoded: decoding 'pyg' fields needs the optional package 'torch_geometric'" in proc.stdout
     assert "pip install 'shardflow[graphs]'" in proc.stdout
     assert "nodes per graph  min 0" not in proc.stdout and "shardflow verify" not in proc.stdout
+
+
+def test_a_quiet_test_run_names_the_missing_azure_emulator_and_its_install() -> None:
+    """The README's `python -m pytest -q` showed the Azure tests as 's' only, with no word of
+    Azurite or how to get it."""
+    from tests import emulators
+
+    pytest.importorskip("adlfs")
+    if emulators._azurite_command() is not None:
+        pytest.skip("Azurite is installed here: its tests run")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_clouds.py",
+                           "-k", "write_then_read and az"], cwd=ROOT, capture_output=True, text=True, timeout=100,
+                          env={**env, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert "1 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert ("note: Azurite (the Azure Blob emulator) is not installed, its tests are skipped: install it with "
+            "`npm ci --prefix .ci/azurite` (docs/testing.md)") in proc.stdout
