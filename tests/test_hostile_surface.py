@@ -366,3 +366,16 @@ def test_a_quiet_test_run_names_the_missing_azure_emulator_and_its_install() -> 
     assert "1 skipped" in proc.stdout, proc.stdout[-2000:]
     assert ("note: Azurite (the Azure Blob emulator) is not installed, its tests are skipped: install it with "
             "`npm ci --prefix .ci/azurite` (docs/testing.md)") in proc.stdout
+
+
+def test_the_images_config_points_at_the_demo_shards_or_the_folder_named() -> None:
+    """configs/images.yaml named data/images/shardflow.json, a folder that nothing makes."""
+    import re
+
+    from shardflow.config import load_config
+
+    demo = (ROOT / "tools" / "demo.py").read_text()
+    out = re.search(r'"--out", type=Path, default=Path\("([^"]+)"\)', demo).group(1)
+    assert load_config(ROOT / "configs" / "images.yaml", environ={}).source == out + "/shards"
+    mine = load_config(ROOT / "configs" / "images.yaml", environ={"SHARDFLOW_IMAGES": "/data/imagenet-shards"})
+    assert mine.source == "/data/imagenet-shards"
