@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import unicodedata
 from collections.abc import Iterator
@@ -74,7 +75,14 @@ class Terminated(BaseException):
     that catches ``Exception`` lets it through)."""
 
 
+_MAIN_PID = [0]
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    if os.getpid() != _MAIN_PID[0]:  # a forked worker inherited the handler: end it as SIGTERM would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated(signum)
 
 
@@ -82,6 +90,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 def on_sigterm() -> Iterator[None]:
     """Within the block, SIGTERM raises :class:`Terminated` in the main thread (the previous
     handler is restored after it)."""
+    _MAIN_PID[0] = os.getpid()
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: leave the signal alone
