@@ -139,7 +139,7 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
             manifest = manifest_from_journal(read_all(journal, options), murl, verify)
             check_counts(manifest, options.limits)
             log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
-                        source, len(manifest.shards))
+                        redact(source), len(manifest.shards))
             return _from_manifest(manifest, murl, options)
         found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
         if not found:
