@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError
 from tests.helpers import tiny_image
 
@@ -58,7 +58,7 @@ def test_convert_prints_hostile_file_names_escaped(tmp_path: Path) -> None:
 
 def test_class_folders_that_differ_only_in_normalization_are_refused(tmp_path: Path) -> None:
     """'café' written NFC and NFD were two classes (0 and 1) printed identically."""
-    from shardflow.convert.imagefolder import convert_imagefolder
+    from shardflow.convert.images.imagefolder import convert_imagefolder
 
     nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
     for i, name in enumerate((nfc, nfd)):
@@ -206,7 +206,7 @@ def _hf_repo(root: Path, configs: dict[str, dict[str, int]]) -> None:
 def test_hugging_face_configs_convert_one_at_a_time_unless_merged(tmp_path: Path) -> None:
     """A repo whose configs data/ and extra/ each hold a train split was merged into one
     dataset of 7 rows without a word."""
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     _hf_repo(tmp_path / "repo", {"data": {"train": 4}, "extra": {"train": 3}})
     with pytest.raises(ConversionError) as info:
@@ -227,7 +227,7 @@ def test_hugging_face_configs_convert_one_at_a_time_unless_merged(tmp_path: Path
 def test_the_several_splits_refusal_suggests_a_glob_within_one_config(tmp_path: Path) -> None:
     """The refusal of a repo of several splits suggested 'repo/**/test-*.parquet', which merges
     the configs' test splits."""
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     _hf_repo(tmp_path / "repo", {"data": {"train": 4, "test": 2}})
     with pytest.raises(ConversionError) as info:
@@ -265,15 +265,15 @@ def test_parquet_images_by_path_are_packed_from_the_named_folder(tmp_path: Path)
     got = list(shardflow.ShardDataset(str(tmp_path / "out"), decode=None))
     assert [(s.get("png") or s.get("jpg"), s["cls"]) for s in got] == [(want[0], b"0"), (want[1], b"1")]
     with pytest.raises(ConversionError, match="--images-root DIR"):  # without the option: the option is named
-        from shardflow.convert.parquet import convert_parquet
+        from shardflow.convert.records.parquet import convert_parquet
 
         convert_parquet(str(src), str(tmp_path / "out2"), options=ConvertOptions(workers=1))
 
 
 @pytest.mark.parametrize("path", ["../secret.png", "/etc/passwd", "images/link.png"])
 def test_a_parquet_image_path_out_of_the_images_root_is_refused(tmp_path: Path, path: str) -> None:
-    from shardflow.convert.imagepaths import ImagePathError
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.imagepaths import ImagePathError
+    from shardflow.convert.records.parquet import convert_parquet
 
     (tmp_path / "secret.png").write_bytes(tiny_image("PNG", 7))
     (tmp_path / "ds" / "images").mkdir(parents=True)
@@ -311,7 +311,7 @@ def test_a_misspelt_s3_prefix_or_bucket_is_a_file_not_found_at_build(s3_prefix, 
 def test_asking_for_jpg_on_imagenet_suggests_the_image_alias(tmp_path: Path) -> None:
     """ImageNet's .JPEG files (and its few PNGs) become 'jpeg' / 'png' fields; docs/remote.md's
     fields=("jpg", "cls") failed on them without a word about the 'image' alias."""
-    from shardflow.convert.imagefolder import convert_imagefolder
+    from shardflow.convert.images.imagefolder import convert_imagefolder
     from shardflow.errors import MissingFieldError
 
     (tmp_path / "src" / "n01440764").mkdir(parents=True)

@@ -16,8 +16,8 @@ import pytest
 
 import shardflow
 from shardflow import IOOptions, ShardDataset, Source
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.lines import convert_lines
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.records.lines import convert_lines
 from shardflow.errors import RemoteReadError, ShardflowError
 from shardflow.errors import is_secret_name, redact, redact_options, redact_url
 
@@ -159,8 +159,8 @@ def test_an_azure_connection_string_and_header_pairs_are_masked_in_reprs() -> No
 
 def test_the_staging_debug_line_shows_no_password(flaky_http_server, tmp_path: Path, caplog) -> None:
     """A failed staged fetch logged ``staging <url> from block 0 failed`` with the URL whole."""
-    from shardflow.storage import staged
-    from shardflow.storage.staging import StagingScope
+    from shardflow.storage.sharing import staged
+    from shardflow.storage.sharing.staging import StagingScope
 
     srv = flaky_http_server
     srv.put("obj.bin", b"x" * 4096)
@@ -193,7 +193,7 @@ def test_a_manifest_meta_key_and_class_names_are_data_not_secrets(tmp_path: Path
     ``meta.key`` (what a sample's key is) read ``***``, and so would a class named ``token``."""
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     table = pa.table({"key": ["a", "b"], "label": [0, 1]})
     pq.write_table(table, tmp_path / "t.parquet")
@@ -205,7 +205,7 @@ def test_a_manifest_meta_key_and_class_names_are_data_not_secrets(tmp_path: Path
 
 
 def test_classes_named_like_secrets_keep_their_indices(tmp_path: Path) -> None:
-    from shardflow.convert.imagefolder import convert_imagefolder
+    from shardflow.convert.images.imagefolder import convert_imagefolder
     from tests.helpers import tiny_image
 
     for i, name in enumerate(("password", "token")):
