@@ -8,12 +8,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import StateError
 from ..planning.selection import selection_digest
 from ..state import MAX_STREAMS, ResumePoint, build_state, check_bounds, check_state, layout_position, parse_layout
 
 __all__ = ["Resumable"]
 
 log = logging.getLogger(__name__)
+
+_IN_WORKER = (
+    "ShardDataset.{what} was called in DataLoader worker {worker} (torchdata's StatefulDataLoader with "
+    "num_workers > 0 does this): a worker's copy reads only its share of the rank's stream, so its state "
+    "does not describe the rank's position and a run resumed from it repeats samples. Use "
+    "shardflow.loader(dataset, ...) and its state_dict() / load_state_dict(), exact for any num_workers "
+    "(docs/frameworks.md)"
+)
+_warned_in_worker = False
 
 
 class Resumable:
@@ -77,6 +87,10 @@ class Resumable:
         DataLoader workers use the state of :func:`shardflow.loader` instead:
         the dataset in the main process cannot see what workers yielded.
         """
+        global _warned_in_worker
+        if not _warned_in_worker and self.world().in_worker():
+            _warned_in_worker = True  # once per worker process: torchdata asks at every snapshot
+            log.warning(_IN_WORKER.format(what="state_dict()", worker=self.world().worker))
         progress = getattr(self, "_progress", None)
         resume = self._resume
         if progress is None and resume is not None:  # loaded, not iterated yet: keep that position
@@ -102,8 +116,13 @@ class Resumable:
 
         Raises:
             StateError: another version, or a different configuration (the
-                message lists each difference).
+                message lists each difference); called in a DataLoader worker
+                (torchdata's ``StatefulDataLoader`` with workers), where no saved
+                dataset state can resume the rank's position.
         """
+        if self.world().in_worker():
+            raise StateError(_IN_WORKER.format(what="load_state_dict()", worker=self.world().worker)
+                             + "; this resume is refused")  # fmt: skip
         self._check_state(state, "ShardDataset", 1)
         self._load_resume(state, 1)
         self._progress = None  # an abandoned iteration no longer names the position

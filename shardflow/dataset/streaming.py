@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset
 from .. import storage
 from ..loading.batching import Batching
 from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
+from ..codecs.hints import missing_field_hint
 from ..planning.elastic import resumed_plan
 from ..errors import MissingFieldError, ShardflowError
 from ..expand import Expand
@@ -257,6 +258,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             if not any(alt in m.fields for alt in field_alternatives(f)):
                 raise MissingFieldError(
                     f"no shard of {m.url} has the field {f!r}; the fields that exist are {sorted(m.fields)}"
+                    + missing_field_hint(f, m.fields)
                 )
 
     def _split_config(self) -> SplitConfig:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import DecodeOptions, decode_field, field_alternatives
+from ..codecs.hints import missing_field_hint
 from ..errors import DecodeError, MissingFieldError, SampleError
 from ..expand import Expand
 from ..format.tar import raw_sample
@@ -122,6 +123,7 @@ class Prepare:
                 present = sorted(k for k in s if not k.startswith("__"))
                 self._policy.handle(MissingFieldError(
                     f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})"
+                    + missing_field_hint(name, present)
                 ))
                 return None
         return out

@@ -153,7 +153,7 @@ def _remove_temporaries(dest: str, names: list[str], prefix: str) -> list[str]:
         ours = name.startswith((f".{prefix}-", f".{STATE_NAME}.", f".{MANIFEST_NAME}."))  # shards, record, manifest
         if ours and name.endswith(".tmp") and storage.is_local(dest):
             path = os.path.join(dest[len("file://") :] if dest.startswith("file://") else dest, name)
-            log.info("removing %s, left by an interrupted conversion", path)
+            log.info("removing %s, left by an interrupted conversion", redact(path))
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         else:

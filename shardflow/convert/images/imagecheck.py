@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...codecs.resize import DEFAULT_QUALITY, shrink_image
-from ...errors import ConversionError, DecodeError
+from ...errors import ConversionError, DecodeError, redact
 from ...policy import CONVERT_ON_ERROR
 from ..engine.groups import Skipped
 from .imageclasses import Descriptor
@@ -174,5 +174,5 @@ def build(descriptors: list[Descriptor], ctx: BuildContext) -> Iterator[Any]:
         if ctx.on_error == "raise":
             raise ConversionError(f"{tree.url(rel)}: {why} (on_error='skip' / --on-error skip leaves it out)",
                                   reason="corrupt_image")  # fmt: skip
-        log.warning("%s: %s, skipped", tree.url(rel), why)
+        log.warning("%s: %s, skipped", redact(tree.url(rel)), why)
         yield Skipped(rel, why)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardflow.compat.aio import request_parameters
-from shardflow.errors import RemoteReadError
+from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError, ShortReadError
 from ..backends.filesystems import identity_difference, object_identity, sync_within
@@ -70,7 +70,7 @@ class HTTPReader(StreamReader):
         try:
             self._check(resp, url, offset)
             if resp.status == 200 and offset:
-                logger.debug("%s: server ignored the Range header; skipping %d bytes", url, offset)
+                logger.debug("%s: server ignored the Range header; skipping %d bytes", redact(url), offset)
                 left = offset
                 while left:
                     skipped = await resp.content.read(min(left, 1 << 20))

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
-from shardflow.errors import RemoteReadError
+from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
 from ..backends.filesystems import has_validator
@@ -85,7 +85,7 @@ class Fetch(threading.Thread):
             self._stream()
         except BaseException as exc:  # noqa: BLE001 - raised by the reader that started the fetch
             self.error = exc
-            logger.debug("staging %s from block %d failed: %s", self.obj.url, self.first, exc)
+            logger.debug("staging %s from block %d failed: %s", redact(self.obj.url), self.first, redact(str(exc)))
         finally:
             for fd in self.claims.values():
                 let_go(fd)
