@@ -17,9 +17,9 @@ from torch.utils.data import IterableDataset
 
 from .. import storage
 from ..loading.batching import Batching
-from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
+from ..codecs import DecodeOptions, preload, with_limits
 from ..planning.elastic import resumed_plan
-from ..errors import MissingFieldError, ShardflowError
+from ..errors import ShardflowError
 from ..expand import Expand
 from ..planning.mixing import mixture_of
 from ..planning.plan import (
@@ -34,6 +34,7 @@ from ..planning.plan import (
 from ..seeding import generators
 from ..planning.selection import Select, resolve_selection
 from ..policy import ErrorPolicy
+from ..reader import check_fields
 from ..sources.source import ShardSet, Source, SourcePart, resolve_source
 from ..state import ResumePoint
 from ..transforms import map_fields
@@ -188,7 +189,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         World.detect(rank, world_size)  # validates
         self.source: ShardSet = resolve_source(source, io)
         self._selection = resolve_selection(self.source, select, io) if select is not None else None
-        self._check_fields()
+        check_fields(self.source.manifest, self.fields)
         m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
         self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
@@ -248,16 +249,6 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     def sources(self) -> tuple[SourcePart, ...]:
         """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
         return self.source.parts
-
-    def _check_fields(self) -> None:
-        m = self.source.manifest
-        if self.fields is None or m is None or not m.fields:
-            return
-        for f in self.fields:
-            if not any(alt in m.fields for alt in field_alternatives(f)):
-                raise MissingFieldError(
-                    f"no shard of {m.url} has the field {f!r}; the fields that exist are {sorted(m.fields)}"
-                )
 
     def _split_config(self) -> SplitConfig:
         b = self._batching
