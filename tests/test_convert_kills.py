@@ -36,7 +36,7 @@ def sample(i: int) -> dict:
 def _run(dest: Path, point: str | None = None, n: int = 0) -> tuple[int, list[str]]:
     script = textwrap.dedent(f"""
         import json, os, sys
-        from shardflow.convert import destination
+        from shardflow.convert.engine import destination
         seen, log = {{}}, []
         def checkpoint(point):
             seen[point] = seen.get(point, 0) + 1

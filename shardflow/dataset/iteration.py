@@ -8,7 +8,6 @@ point (:class:`~shardflow.dataset.epochrun.EpochRun` calls them); they keep no s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +56,7 @@ def pipeline(
     expanded = prepare.items if ds.expand is not None else None
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
-        job = os.getppid() if World.in_worker() else os.getpid()
+        job = storage.job_id(World.in_worker())  # pid and start time: a restarted job has its own area
         io = storage.staging_for(io, ds.source.urls, (job, world.rank, world.world_size, epoch),
                                  world.worker, world.num_workers)
     if ds.sized:

@@ -19,7 +19,6 @@ from the next block).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -50,8 +49,8 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     if num_workers < 1 or not ds.sized or ds.expand is not None:
         return
     world = ds.world()
-    # the key a forked worker computes: its parent's (this) process id, rank, world size, epoch
-    io = storage.staging_for(ds.io, ds.source.urls, (os.getpid(), world.rank, world.world_size, epoch), 0, num_workers)
+    # the key a forked worker computes: its parent's (this) job, rank, world size, epoch
+    io = storage.staging_for(ds.io, ds.source.urls, (storage.job_id(False), world.rank, world.world_size, epoch), 0, num_workers)
     if io.staging_scope is None:
         return
     plan = ds.plan(epoch, world.rank)

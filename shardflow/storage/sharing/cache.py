@@ -18,6 +18,7 @@ from typing import BinaryIO
 from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
+from .areas import open_private, own_file_size, private_folder
 from ..backends.filesystems import filesystem, fresh_info, has_validator, object_identity
 from ..options import IOOptions
 from ..reading import retried_chunks
@@ -41,6 +42,16 @@ class ShardCache:
     each download, when a process first opens the cache with a given limit (a cache
     filled under a larger limit shrinks to a lowered one), and after each hit that
     finds it over the limit (another process's, or a lowered, limit).
+
+    The folder is this user's alone: made 0700 when missing, and refused when it is a
+    symbolic link, another user's, or writable by others (an ``UnsafeFolderError``: a
+    planted entry would be served without a request). Its files are opened with
+    ``O_NOFOLLOW``, and an entry is served only when it is a regular file of this user's
+    (not a link) of the size the store reported, or the one pinned to the manifest's
+    digest that its fill was checked against.
+
+    Raises:
+        UnsafeFolderError: the folder (or its ``.locks``) is not safe to use.
     """
 
     _opened: set[tuple[str, int]] = set()  # (root, limit) already shrunk by this process
@@ -48,7 +59,10 @@ class ShardCache:
     def __init__(self, root: str, limit: int) -> None:
         self.root = root
         self.limit = limit
-        os.makedirs(os.path.join(root, ".locks"), exist_ok=True)
+        parent = os.path.dirname(os.path.abspath(root))
+        os.makedirs(parent, exist_ok=True)
+        private_folder(root, "shard cache", private=False)  # an existing cache may be readable by others
+        private_folder(os.path.join(root, ".locks"), "shard cache", private=False)
         if (root, limit) not in ShardCache._opened:
             ShardCache._opened.add((root, limit))
             self.shrink()
@@ -183,7 +197,7 @@ class ShardCache:
         data = os.path.join(self.root, name)
         lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
         fd = self._lock(lock_path, fcntl.LOCK_SH)
-        if os.path.isfile(data):  # (complete: a copy is renamed into place once filled and checked)
+        if own_file_size(data) is not None:  # (complete: a copy is renamed into place once filled and checked)
             return fd, lock_path, data
         self._release(fd, lock_path)
         return None
@@ -199,7 +213,7 @@ class ShardCache:
         import fcntl
 
         for _attempt in range(1000):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, how)
                 if cls._same_file(fd, path):
@@ -236,16 +250,13 @@ class ShardCache:
 
     @staticmethod
     def _present(data: str, size: int) -> bool:
-        try:
-            return os.stat(data).st_size == size
-        except FileNotFoundError:
-            return False
+        return own_file_size(data) == size
 
     @contextlib.contextmanager
     def _global_lock(self) -> Iterator[None]:
         import fcntl
 
-        fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_private(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -263,7 +274,7 @@ class ShardCache:
                                self.root, url, size, self.limit)
                 return False
             tmp = os.path.join(self.root, f".tmp-{key}-{size}-{secrets.token_hex(6)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks the download alive for _make_room
         try:
             written = fill(tmp, fd, url, options, identity, sha256)
@@ -313,7 +324,7 @@ class ShardCache:
             return True
         for _mtime, name, path, nbytes in sorted(entries):
             lock_path = os.path.join(self.root, ".locks", name.split("-", 1)[0])
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -341,7 +352,7 @@ class ShardCache:
         import fcntl
 
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_private(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
         try:

@@ -43,6 +43,7 @@ from ..errors import ShardChangedError
 from ..backends.filesystems import has_validator
 from ..options import IOOptions
 from ..reading import retried_chunks
+from .areas import open_private
 from .staged_blocks import StagedObject
 from .staging import held_here, let_go, same_file
 
@@ -99,7 +100,7 @@ class Fetch(threading.Thread):
         obj.load_meta()
         j = self.first
         written = obj.written(j)
-        if not os.path.exists(obj.block_path(j)) and self.begin > j * obj.block:  # from the reader's first byte on
+        if not os.path.lexists(obj.block_path(j)) and self.begin > j * obj.block:  # from the reader's first byte on
             obj.set_first(j, self.begin - j * obj.block)
         base = obj.first(j)  # bytes of block j before its file (0 for every later block)
         off = j * obj.block + base + written
@@ -108,7 +109,7 @@ class Fetch(threading.Thread):
             return  # completed meanwhile
         options = replace(obj.options, block_size=FETCH_CHUNK, staging_scope=None)
         obj.make_room()
-        out = held_here(os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666))
+        out = held_here(open_private(obj.block_path(j), os.O_WRONLY | os.O_CREAT))
         self._claim_next(j)
         chunks = retried_chunks(obj.url, off, self._until(j), options, expect=obj.identity if obj.known else None,
                                 opened=self._opened)
@@ -131,7 +132,7 @@ class Fetch(threading.Thread):
                     if j not in self.claims:
                         return  # another worker fetches the next block
                     obj.make_room()
-                    out = held_here(os.open(obj.block_path(j), os.O_WRONLY | os.O_CREAT, 0o666))
+                    out = held_here(open_private(obj.block_path(j), os.O_WRONLY | os.O_CREAT))
                     self._claim_next(j)
         finally:
             chunks.close()
@@ -149,7 +150,7 @@ class Fetch(threading.Thread):
         limit = self.end if self.end is not None else obj.size
         k = j + 1
         while limit is None or k * obj.block < limit:
-            if k not in self.claims and (os.path.exists(obj.block_path(k)) or os.path.exists(obj.block_path(k) + ".claim")):
+            if k not in self.claims and (os.path.lexists(obj.block_path(k)) or os.path.lexists(obj.block_path(k) + ".claim")):
                 return k * obj.block
             if limit is None:  # size unknown before the first open: no other fetch recorded it yet
                 break
@@ -329,7 +330,7 @@ class _Reader:
             self._drop_block()
             path = self.obj.block_path(j)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_private(path, os.O_RDONLY)
             except FileNotFoundError:
                 return b""
             fcntl.flock(fd, fcntl.LOCK_SH)  # kept from removal over staging_limit while read

@@ -1,5 +1,8 @@
 """The files of one remote object in a staging area (see :mod:`shardflow.storage.sharing.staged`):
-its meta file (size and identity), its blocks, their claims and read marks."""
+its meta file (size and identity), its blocks, their claims and read marks.
+
+Every file is opened with ``O_NOFOLLOW`` (:func:`~shardflow.storage.sharing.areas.open_private`):
+a symbolic link in an area is an ``UnsafeFolderError``, never followed."""
 
 from __future__ import annotations
 
@@ -15,11 +18,12 @@ from collections.abc import Mapping
 from ..errors import ShardChangedError
 from ..backends.filesystems import identity_difference
 from ..options import IOOptions
+from .areas import open_private
 from .staging import StagingScope, same_file
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BLOCK", "StagedObject", "remove_block"]
+__all__ = ["BLOCK", "StagedObject", "read_text", "remove_block", "write_text"]
 
 BLOCK = 8 << 20
 """Bytes per staged block: the unit of claims, of removal and of the disk bound."""
@@ -53,8 +57,7 @@ class StagedObject:
         if self.known:
             return True
         try:
-            with open(self.base + ".meta", encoding="utf-8") as f:
-                meta = json.load(f)
+            meta = json.loads(read_text(self.base + ".meta"))
         except FileNotFoundError:
             return False
         self.size, self.identity, self.known = meta["size"], meta["identity"], True
@@ -72,8 +75,7 @@ class StagedObject:
                 raise ShardChangedError(f"{self.url} changed during the epoch ({change or 'its size changed'})")
             return
         tmp = f"{self.base}.meta.{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"size": size, "identity": dict(identity)}, f)
+        write_text(tmp, json.dumps({"size": size, "identity": dict(identity)}))
         try:
             os.link(tmp, self.base + ".meta")  # fails when another fetch recorded it first
         except FileExistsError:
@@ -88,10 +90,10 @@ class StagedObject:
         """Take block ``j``'s claim; its locked descriptor, or None when a live worker holds it."""
         path = f"{self.base}.{j}.claim"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             try:
-                fd = os.open(path, os.O_RDWR)
+                fd = open_private(path, os.O_RDWR)
             except FileNotFoundError:
                 return None  # removed meanwhile: the caller looks again
         try:
@@ -108,19 +110,17 @@ class StagedObject:
         """Where block ``j``'s file starts within the block: 0, or where the fetch that
         started it began (a rank's part of a shard starting inside the block)."""
         try:
-            with open(f"{self.base}.{j}.first", encoding="ascii") as f:
-                return int(f.read() or 0)
+            return int(read_text(f"{self.base}.{j}.first") or 0)
         except (FileNotFoundError, ValueError):
             return 0
 
     def set_first(self, j: int, first: int) -> None:
         """Record where block ``j``'s file starts (by its claim's holder, before writing it)."""
-        with open(f"{self.base}.{j}.first", "w", encoding="ascii") as f:
-            f.write(str(first))
+        write_text(f"{self.base}.{j}.first", str(first))
 
     def written(self, j: int) -> int:
         try:
-            return os.stat(self.block_path(j)).st_size
+            return os.lstat(self.block_path(j)).st_size
         except FileNotFoundError:
             return 0
 
@@ -129,7 +129,7 @@ class StagedObject:
         path = f"{self.base}.{j}.done"
         n = self.scope.num_workers
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
         except FileNotFoundError:
             return  # the area is gone
         try:
@@ -160,10 +160,13 @@ class StagedObject:
 
         def reads(path: str) -> int:
             try:
-                with open(path + ".done", "rb") as f:
-                    return f.read().count(b"\1")
+                fd = open_private(path + ".done", os.O_RDONLY)
             except FileNotFoundError:
                 return 0
+            try:
+                return os.pread(fd, 1 << 16, 0).count(b"\1")
+            finally:
+                os.close(fd)
 
         for path, nbytes, _ in sorted(blocks, key=lambda b: (-reads(b[0]), b[2])):
             if used + self.block <= self.options.staging_limit:
@@ -171,7 +174,7 @@ class StagedObject:
             base, j = path.rsplit(".", 1)
             claim = f"{path}.claim"
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_private(path, os.O_RDONLY)
             except FileNotFoundError:
                 continue
             try:
@@ -195,7 +198,7 @@ class StagedObject:
 
 def _claim_held(path: str) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
@@ -211,3 +214,26 @@ def remove_block(base: str, j: int) -> None:
     for suffix in ("", ".done", ".claim", ".first"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{base}.{j}{suffix}")
+
+
+def read_text(path: str, limit: int = 1 << 16) -> str:
+    """The text of a small file of an area (at most ``limit`` bytes), not through a symbolic link.
+
+    Raises:
+        UnsafeFolderError: ``path`` is a symbolic link.
+        FileNotFoundError: there is none.
+    """
+    fd = open_private(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, limit, 0).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a small file of an area (created or truncated), not through a symbolic link."""
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)

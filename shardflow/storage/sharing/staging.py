@@ -8,8 +8,14 @@ rank in one epoch share a folder on local disk (the staging area): the first
 worker to need a part of a shard streams it there, the others read it from there
 as it grows (:mod:`shardflow.storage.sharing.staged`).
 
-Layout of the folder ``<staging_dir>/shardflow-staging-<key>``, ``key`` from the
-job (the DataLoader's process), the dataset's shards, the rank and the epoch:
+Layout of the folder ``<base>/shardflow-staging-<key>``, ``key`` from the job (the
+DataLoader's process, by pid and start time: :func:`~shardflow.storage.sharing.areas.job_id`),
+the dataset's shards, the rank and the epoch. ``<base>`` is ``staging_dir`` when only
+this user can write it, else ``<staging_dir>/shardflow-<uid>`` (0700) in a shared folder
+with the sticky bit such as the system's temporary folder
+(:func:`~shardflow.storage.sharing.areas.staging_base`). The area is made 0700 and checked
+(a folder, this user's, nobody else's to use) whenever a worker enters it; its files are
+opened with ``O_NOFOLLOW``:
 
 - ``.users``: every worker inside holds a shared ``flock`` on it;
 - ``.done-<worker>``: made by each worker at the end of its epoch; the worker that
@@ -19,8 +25,9 @@ job (the DataLoader's process), the dataset's shards, the rank and the epoch:
   ``<h>.<j>.claim`` (locked by the worker writing block ``j``) and ``<h>.<j>.done``
   (one byte per worker that read past block ``j``).
 
-A folder left by a crashed job (nobody holds its ``.users`` lock) is removed by
-the next worker that enters a staging area in the same ``staging_dir``.
+A folder left by a crashed job (nobody holds its ``.users`` lock) is never read (a
+new job has another key) and is removed by the next worker that enters a staging area
+in the same folder, when it is this user's.
 """
 
 from __future__ import annotations
@@ -31,14 +38,15 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import UnsafeFolderError
 from ..options import IOOptions
 from ..urls import is_local
+from .areas import check_folder, open_private, private_folder, staging_base
 
 logger = logging.getLogger(__name__)
 
@@ -109,21 +117,28 @@ def staging_for(options: IOOptions, urls: Sequence[str], key: Sequence[Any], wor
         options: the dataset's storage options.
         urls: the dataset's shard URLs.
         key: what names this rank's epoch among others on the machine: the
-            job (the DataLoader's process id), rank, world size, epoch; the
-            URLs are added.
+            job (:func:`~shardflow.storage.sharing.areas.job_id`), rank, world size,
+            epoch; the URLs are added.
         worker: this worker's id.
         num_workers: the rank's DataLoader workers.
+
+    Raises:
+        UnsafeFolderError: the folder of the areas, or this area, is not this user's
+            alone (see :mod:`shardflow.storage.areas`).
     """
     if not options.staging or options.cache_dir is not None or all(is_local(u) for u in urls):
         return options
-    base = options.staging_dir if options.staging_dir is not None else tempfile.gettempdir()
-    digest = hashlib.sha256(repr((tuple(urls), num_workers, *key)).encode()).hexdigest()[:24]
-    scope = StagingScope(os.path.join(base, PREFIX + digest), int(worker), int(num_workers))
+    wanted = options.staging_dir
     try:
-        os.makedirs(scope.root, exist_ok=True)
+        base = staging_base(wanted)
+        digest = hashlib.sha256(repr((tuple(urls), num_workers, *key)).encode()).hexdigest()[:24]
+        scope = StagingScope(os.path.join(base, PREFIX + digest), int(worker), int(num_workers))
+        private_folder(scope.root, "staging area")
+    except UnsafeFolderError:
+        raise
     except OSError as exc:
         logger.warning("no staging area in %s (%s): each DataLoader worker streams the shards it reads itself",
-                       base, exc)
+                       wanted or "the temporary folder", exc)
         return options
     return replace(options, staging_scope=scope)
 
@@ -165,9 +180,9 @@ def _enter(scope: StagingScope) -> int:
     _sweep(os.path.dirname(scope.root), keep=scope.root)
     users = os.path.join(scope.root, ".users")
     for _attempt in range(100):
-        os.makedirs(scope.root, exist_ok=True)
+        private_folder(scope.root, "staging area")  # (again: removed meanwhile by the last worker out)
         try:
-            fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_private(users, os.O_RDWR | os.O_CREAT)
         except FileNotFoundError:  # removed meanwhile by a sweep or the last worker out
             continue
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -179,7 +194,7 @@ def _enter(scope: StagingScope) -> int:
 
 def _mark_done(scope: StagingScope) -> None:
     with contextlib.suppress(OSError):
-        os.close(os.open(os.path.join(scope.root, f".done-{scope.worker}"), os.O_WRONLY | os.O_CREAT, 0o666))
+        os.close(open_private(os.path.join(scope.root, f".done-{scope.worker}"), os.O_WRONLY | os.O_CREAT))
 
 
 def _leave(scope: StagingScope, fd: int) -> None:
@@ -205,7 +220,7 @@ def _leave(scope: StagingScope, fd: int) -> None:
 
 
 def _sweep(base: str, keep: str) -> None:
-    """Remove the staging areas under ``base`` that nobody holds (left by dead jobs)."""
+    """Remove this user's staging areas under ``base`` that nobody holds (left by dead jobs)."""
     try:
         names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
     except FileNotFoundError:
@@ -215,9 +230,10 @@ def _sweep(base: str, keep: str) -> None:
         if root == keep:
             continue
         try:
-            fd = os.open(os.path.join(root, ".users"), os.O_RDWR)
-        except OSError:
-            continue  # not an area (yet), or removed meanwhile
+            check_folder(root, private=False, what="staging area")  # ours (made 0700 since, 0755 before)
+            fd = open_private(os.path.join(root, ".users"), os.O_RDWR)
+        except (OSError, UnsafeFolderError):
+            continue  # not an area of ours (yet), or removed meanwhile
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
