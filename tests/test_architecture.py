@@ -374,3 +374,25 @@ def test_no_package_folder_holds_more_than_15_modules():
     crowded = {str(f.relative_to(PACKAGE.parent)): n for f in sorted(folders)
                if (n := len(list(f.glob("*.py")))) > MAX_MODULES_PER_FOLDER}
     assert not crowded, f"package folders over {MAX_MODULES_PER_FOLDER} modules (give them sub-packages): {crowded}"
+
+
+MAX_SHARED_SELF_NAMES = 12
+"""``self.`` attribute names that the modules of ``shardflow/dataset/`` may share: the dataset
+holds configuration, its epochs' runs hold every position, and no mixin spreads one object's
+state over several files."""
+
+
+def _self_names(module: Module) -> set[str]:
+    return {node.attr for node in ast.walk(module.tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+
+
+def test_the_dataset_modules_share_few_self_names():
+    modules = [m for name, m in GRAPH.items() if name.startswith("shardflow.dataset.")]
+    assert len(modules) >= 5
+    where: dict[str, list[str]] = {}
+    for m in modules:
+        for attr in _self_names(m):
+            where.setdefault(attr, []).append(m.name.rsplit(".", 1)[-1])
+    shared = {attr: sorted(ms) for attr, ms in where.items() if len(ms) > 1}
+    assert len(shared) <= MAX_SHARED_SELF_NAMES, f"{len(shared)} self. names shared across shardflow/dataset/: {shared}"

@@ -21,7 +21,7 @@ from ..policy import ErrorPolicy
 from ..seeding import Seeder
 from ..world import stable_seed
 
-__all__ = ["Prepare", "tag_source", "prepared", "expand_each", "apply_transform", "batched"]
+__all__ = ["Prepare", "tag_source", "check_fields", "transform_error", "prepared", "expand_each", "apply_transform", "batched"]
 
 Sample = dict[str, Any]
 
@@ -31,6 +31,23 @@ def tag_source(sample: Sample, by_url: Mapping[str, int] | None) -> Sample:
     source; ``by_url``: shard URL -> source index, None for one source). The one place it is set."""
     sample["__source__"] = by_url.get(sample["__url__"], 0) if by_url else 0
     return sample
+
+
+def check_fields(manifest: Any, fields: Sequence[str] | None) -> None:
+    """Refuse ``fields`` that name a field no shard of ``manifest`` has (nothing to check
+    without a manifest, or one that lists no fields).
+
+    Raises:
+        MissingFieldError: names the field and lists those that exist.
+    """
+    if fields is None or manifest is None or not manifest.fields:
+        return
+    for f in fields:
+        if not any(alt in manifest.fields for alt in field_alternatives(f)):
+            raise MissingFieldError(
+                f"no shard of {manifest.url} has the field {f!r}; the fields that exist are {sorted(manifest.fields)}"
+                + missing_field_hint(f, manifest.fields)
+            )
 
 
 class Prepare:
@@ -161,8 +178,6 @@ def expand_each(samples: Iterator[Sample | None], prepare: Prepare, k: int) -> I
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:
     """Apply the user's per-sample transform; a raised exception follows the policy,
     a returned None drops the sample (counted as ``filtered``)."""
-    fn = getattr(transform, "__wrapped__", transform)  # the user's, not the seeding wrapper (functools.wraps)
-    name = getattr(fn, "__qualname__", repr(fn))
     for s in samples:
         if s is None:
             yield None
@@ -170,16 +185,23 @@ def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sampl
         try:
             out = transform(s)
         except Exception as e:
-            err = SampleError(
-                f"{s.get('__url__')}: sample {s.get('__key__')!r}: transform {name} raised {type(e).__name__}: {e}",
-                reason="transform",
-            )
-            policy.handle(err, cause=e)
+            policy.handle(transform_error(s, transform, e), cause=e)
             yield None
             continue
         if out is None:
             policy.filtered()
         yield out
+
+
+def transform_error(sample: Sample, transform: Callable[[Sample], Any], e: Exception) -> SampleError:
+    """The error of a transform that raised ``e`` on ``sample``: it names the shard, the key
+    and the user's transform (not the seeding wrapper: ``functools.wraps``' ``__wrapped__``)."""
+    fn = getattr(transform, "__wrapped__", transform)
+    name = getattr(fn, "__qualname__", repr(fn))
+    return SampleError(
+        f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: transform {name} raised {type(e).__name__}: {e}",
+        reason="transform",
+    )
 
 
 _END = object()
