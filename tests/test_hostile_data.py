@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from shardflow import ShardDataset, ShardWriter
+from shardflow import IOOptions, ShardDataset, ShardWriter
 from shardflow.convert.engine import ConvertOptions
-from shardflow.errors import ConversionError
+from shardflow.errors import ConversionError, ManifestError
 
 from .helpers import make_shards
 
@@ -48,3 +48,33 @@ def test_shard_writer_refuses_a_label_the_reader_would_refuse(tmp_path: Path) ->
             w.write({"__key__": "a", "cls": 2**64 - 1})
         w.write({"__key__": "b", "cls": 2**63 - 1})
     assert [s["cls"] for s in ShardDataset(str(tmp_path / "w"))] == [2**63 - 1]
+
+
+def test_a_shard_linked_to_a_file_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [3, 3])
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.replace(folder / "train-000001.tar", outside / "planted.tar")
+    os.symlink(outside / "planted.tar", folder / "train-000001.tar")
+    with pytest.raises(ManifestError, match=r"'train-000001.tar' is a symbolic link .* outside the manifest's folder"):
+        ShardDataset(str(folder))
+    # a folder on the way that links out is refused alike
+    sub = make_shards(tmp_path, [2], name="sub")
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    os.symlink(sub, nested / "part")
+    manifest = json.loads((sub / "shardflow.json").read_text())
+    for s in manifest["shards"]:
+        s["url"] = "part/" + s["url"]
+        s["index"] = "part/" + s["index"] if s.get("index") else None
+    (nested / "shardflow.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=r"'part/train-000000.tar' is a symbolic link"):
+        ShardDataset(str(nested))
+    # opened on purpose, as URLs outside the folder are
+    trusted = ShardDataset(str(folder), io=IOOptions(trust_manifest_urls=True))
+    assert [s["cls"] for s in trusted] == list(range(6))
+    # a link that stays inside the folder is read
+    os.remove(folder / "train-000001.tar")
+    os.replace(outside / "planted.tar", folder / "real.tar")
+    os.symlink("real.tar", folder / "train-000001.tar")
+    assert [s["cls"] for s in ShardDataset(str(folder))] == list(range(6))
