@@ -16,7 +16,7 @@ from shardflow import IOOptions, ShardDataset, ShardWriter
 from shardflow.convert.engine import ConvertOptions
 from shardflow.errors import ConversionError, ManifestError
 
-from .helpers import make_shards
+from .helpers import make_shards, tiny_image
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,3 +78,28 @@ def test_a_shard_linked_to_a_file_outside_the_folder_is_refused(tmp_path: Path) 
     os.replace(outside / "planted.tar", folder / "real.tar")
     os.symlink("real.tar", folder / "train-000001.tar")
     assert [s["cls"] for s in ShardDataset(str(folder))] == list(range(6))
+
+
+def test_imagefolder_counts_leave_out_the_corrupt_images_it_skipped(tmp_path: Path) -> None:
+    from shardflow.convert.imagefolder import convert_imagefolder
+
+    src = tmp_path / "src"
+    for cls, names in {"cat": ["a.jpg", "b.jpg", "c.png", "bad.jpg"], "dog": ["d.jpg", "bad.png"]}.items():
+        (src / cls).mkdir(parents=True)
+        for i, name in enumerate(names):
+            fmt = "PNG" if name.endswith("png") else "JPEG"
+            data = tiny_image(fmt, i)
+            (src / cls / name).write_bytes(data[: len(data) // 2] if name.startswith("bad") else data)
+    dst = tmp_path / "dst"
+    manifest = convert_imagefolder(str(src), str(dst), options=ConvertOptions(workers=1, max_count=2), on_error="skip")
+    samples = list(ShardDataset(str(dst), decode=None))
+    assert len(samples) == manifest.num_samples == 4
+    meta = json.loads((dst / "shardflow.json").read_text())["meta"]
+    assert meta["skipped_count"] == 2
+    assert meta["class_counts"] == {"cat": 3, "dog": 1}  # was {"cat": 4, "dog": 2}: 6 against 4 samples
+    assert meta["image_fields"] == {"jpg": 3, "png": 1}
+    assert sum(meta["class_counts"].values()) == sum(meta["image_fields"].values()) == len(samples)
+    # a re-run keeps the finished groups (and their skips): the counts stay the same
+    convert_imagefolder(str(src), str(dst), options=ConvertOptions(workers=1, max_count=2), on_error="skip")
+    again = json.loads((dst / "shardflow.json").read_text())["meta"]
+    assert again["class_counts"] == meta["class_counts"] and again["image_fields"] == meta["image_fields"]

@@ -275,6 +275,7 @@ def convert_imagefolder(
         context=ctx,
         meta=meta,
         meta_at_end=walk.summary,
+        skipped_meta=walk.less_skipped,
         options=options,
         progress=progress,
         identity={"converter": "imagefolder", "source": source},
