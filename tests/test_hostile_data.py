@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardflow import IOOptions, ShardDataset, ShardWriter
+import shardflow
+from shardflow import IndexedShardDataset, IOOptions, ShardDataset, ShardWriter
 from shardflow.convert.engine import ConvertOptions
-from shardflow.errors import ConversionError, ManifestError
+from shardflow.errors import ConversionError, ManifestError, ShardflowError
+from shardflow.storage.listed import IncompleteDatasetError
 
 from .helpers import make_shards, tiny_image
 
@@ -103,3 +105,93 @@ def test_imagefolder_counts_leave_out_the_corrupt_images_it_skipped(tmp_path: Pa
     convert_imagefolder(str(src), str(dst), options=ConvertOptions(workers=1, max_count=2), on_error="skip")
     again = json.loads((dst / "shardflow.json").read_text())["meta"]
     assert again["class_counts"] == meta["class_counts"] and again["image_fields"] == meta["image_fields"]
+
+
+# --------------------------------------------------------------------------------------------
+# a folder being written, or left unfinished
+
+
+PROBES: list[BaseException | int] = []  # what reading the destination gave while it was written
+
+
+def _probing(dst: str):
+    def fn(i: int) -> dict:
+        if i == 25:  # groups 0 and 1 (10 inputs each) are finished and named by now
+            try:
+                PROBES.append(sum(1 for _ in ShardDataset(dst, decode=None)))
+            except ShardflowError as e:
+                PROBES.append(e)
+            try:
+                PROBES.append(sum(1 for _ in ShardDataset(dst, decode=None, io=IOOptions(allow_incomplete=True))))
+            except FileNotFoundError:  # no shard named yet (the commits run in threads)
+                PROBES.append(0)
+        if i == 37 and os.environ.get("SHARDFLOW_TEST_FAIL"):
+            raise RuntimeError("disk on fire")
+        return {"__key__": f"k{i:04d}", "cls": i}
+
+    return fn
+
+
+def test_a_folder_a_conversion_is_writing_is_refused_with_the_writer_named(tmp_path: Path) -> None:
+    dst = str(tmp_path / "dst")
+    PROBES.clear()
+    shardflow.write_shards(_probing(dst), range(60), dst, max_count=10, workers=1)
+    refused, partial = PROBES
+    assert isinstance(refused, IncompleteDatasetError) and isinstance(refused, OSError)
+    assert f"a writer (pid {os.getpid()} on " in str(refused)
+    assert dst in str(refused) and "allow_incomplete=True" in str(refused)
+    assert partial in (0, 10, 20)  # read on purpose: finished groups only (those recorded by then)
+    assert sum(1 for _ in ShardDataset(dst, decode=None)) == 60  # finished: read as any folder
+
+
+def test_a_conversion_that_did_not_finish_is_refused_unless_asked_for(tmp_path: Path, monkeypatch) -> None:
+    dst = tmp_path / "dst"
+    PROBES.clear()
+    monkeypatch.setenv("SHARDFLOW_TEST_FAIL", "1")
+    with pytest.raises(ConversionError, match="disk on fire"):
+        shardflow.write_shards(_probing(str(dst)), range(60), str(dst), max_count=10, workers=1)
+    assert json.loads((dst / "shardflow.json").read_text())["meta"]["conversion"] == {"complete": False}
+    with pytest.raises(IncompleteDatasetError, match=r"did not finish .*re-run the conversion.*allow_incomplete=True"):
+        ShardDataset(str(dst))
+    with pytest.raises(IncompleteDatasetError):
+        ShardDataset(str(dst / "shardflow.json"))
+    with pytest.raises(IncompleteDatasetError):
+        IndexedShardDataset(str(dst))
+    on_purpose = ShardDataset(str(dst), io=IOOptions(allow_incomplete=True))
+    assert [s["cls"] for s in on_purpose] == list(range(30))  # the three groups that finished
+    monkeypatch.delenv("SHARDFLOW_TEST_FAIL")
+    shardflow.write_shards(_probing(str(dst)), range(60), str(dst), max_count=10, workers=1)  # resumes
+    assert [s["cls"] for s in ShardDataset(str(dst))] == list(range(60))
+
+
+def test_a_folder_a_shard_writer_holds_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "w"
+    with ShardWriter(str(folder / "train-%06d.tar"), max_count=10) as w:
+        for i in range(35):
+            w.write({"__key__": f"k{i:04d}", "cls": i})
+        with pytest.raises(IncompleteDatasetError, match=rf"{folder}: a writer \(pid {os.getpid()} on "):
+            ShardDataset(str(folder))
+        with pytest.raises(IncompleteDatasetError):
+            ShardDataset(str(folder / "train-{000000..000002}.tar"))
+        on_purpose = ShardDataset(str(folder), io=IOOptions(allow_incomplete=True))
+        assert [s["cls"] for s in on_purpose] == list(range(30))  # the shards it finished
+    assert [s["cls"] for s in ShardDataset(str(folder))] == list(range(35))
+
+
+def test_a_shard_listed_without_bytes_cannot_size_arrays_by_its_count(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [4, 4])
+    manifest = json.loads((folder / "shardflow.json").read_text())
+    del manifest["shards"][1]["bytes"]
+    manifest["shards"][1]["samples"] = 400_000_000  # 3.1 GB of plan arrays, a bare MemoryError before
+    (folder / "shardflow.json").write_text(json.dumps(manifest))
+    size = (folder / "train-000001.tar").stat().st_size
+    with pytest.raises(ManifestError, match=rf"'train-000001.tar' declares 400000000 samples in {size} bytes"):
+        ShardDataset(str(folder), shuffle=True)
+    # a count the stored size can hold is read as before
+    manifest["shards"][1]["samples"] = 4
+    (folder / "shardflow.json").write_text(json.dumps(manifest))
+    assert [s["cls"] for s in ShardDataset(str(folder))] == list(range(8))
+    # no size to bound it by: named, not guessed
+    os.remove(folder / "train-000001.tar")
+    with pytest.raises(ManifestError, match=r"'train-000001.tar' is listed with 4 samples but no \"bytes\""):
+        ShardDataset(str(folder))

@@ -20,11 +20,12 @@ import logging
 import os
 import re
 import socket
+import time
 
 from .errors import DestinationLockedError
 from .output import create_file
 
-__all__ = ["LOCK_NAME", "DestinationLock", "remove_stale_temporaries"]
+__all__ = ["LOCK_NAME", "DestinationLock", "remove_stale_temporaries", "writer_holding"]
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".shardflow.lock"
@@ -51,7 +52,7 @@ class DestinationLock:
         while True:
             fd = create_file(self.path, truncate=False)  # never through a symlink planted there
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock_soon(fd)
             except BlockingIOError:
                 owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
                 os.close(fd)
@@ -85,6 +86,53 @@ class DestinationLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+_PROBE_WAIT = 0.2
+"""Seconds a writer keeps trying a held lock: a reader's probe (:func:`writer_holding`) holds it
+shared for a moment, and a writer must not be refused for that."""
+
+
+def _lock_soon(fd: int) -> None:
+    """``flock(LOCK_EX)`` without blocking, tried again for :data:`_PROBE_WAIT` seconds.
+
+    Raises:
+        BlockingIOError: still held (by a writer).
+    """
+    deadline = time.monotonic() + _PROBE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+def writer_holding(folder: str) -> str | None:
+    """Who holds the writer lock of the local ``folder`` now: the line it wrote there (``pid N
+    on host``, or ``"another process"``), or None when no live writer does.
+
+    Probes with a shared ``flock`` taken and dropped at once (never through a symlink, never
+    blocking); a lock file that cannot be opened is no writer's.
+    """
+    try:
+        fd = os.open(os.path.join(folder, LOCK_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        except OSError:
+            return None  # not a file flock works on (planted there): no writer's lock
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temporaries(folder: str) -> list[str]:
