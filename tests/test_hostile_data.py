@@ -15,7 +15,7 @@ import pytest
 import shardflow
 from shardflow import IndexedShardDataset, IOOptions, ShardDataset, ShardWriter
 from shardflow.convert.engine import ConvertOptions
-from shardflow.errors import ConversionError, ManifestError, ShardflowError
+from shardflow.errors import ConversionError, DestinationExistsError, ManifestError, ShardflowError
 from shardflow.storage.listed import IncompleteDatasetError
 
 from .helpers import make_shards, tiny_image
@@ -195,3 +195,26 @@ def test_a_shard_listed_without_bytes_cannot_size_arrays_by_its_count(tmp_path: 
     os.remove(folder / "train-000001.tar")
     with pytest.raises(ManifestError, match=r"'train-000001.tar' is listed with 4 samples but no \"bytes\""):
         ShardDataset(str(folder))
+
+
+def _sample(i: int) -> dict:
+    return {"__key__": f"k{i:05d}", "cls": i}
+
+
+def test_a_shard_writer_never_replaces_a_conversions_shards(tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    shardflow.write_shards(_sample, range(5600), str(dst), max_count=1000, workers=1)
+    before = {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
+    with pytest.raises(DestinationExistsError, match=r"conversion's shards of this series \(train-000000.tar.*5600 "
+                                                     r"samples\).*never replaces shards it did not write"):
+        with ShardWriter(str(dst / "train-%06d.tar"), max_count=10) as w:
+            for i in range(30):
+                w.write(_sample(100_000 + i))
+    assert {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()} == before  # shards and manifest intact
+    assert [s["cls"] for s in ShardDataset(str(dst))] == list(range(5600))
+    # another series beside them: the conversion's shards stay listed and untouched
+    with ShardWriter(str(dst / "extra-%06d.tar"), max_count=10) as w:
+        for i in range(30):
+            w.write(_sample(100_000 + i))
+    assert [s["cls"] for s in ShardDataset(str(dst))] == list(range(5600)) + list(range(100_000, 100_030))
+    assert all((dst / name).read_bytes() == data for name, data in before.items() if name.endswith(".tar"))
