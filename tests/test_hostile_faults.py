@@ -5,6 +5,11 @@ bounded time with a named error.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,7 @@ import pytest
 from shardflow import ShardDataset
 from shardflow.convert.engine import ConvertOptions
 from shardflow.errors import ConversionError, ShardflowError, StateError
+from shardflow.storage.locks import DestinationLock, writer_holding
 
 from .helpers import make_shards
 
@@ -40,3 +46,33 @@ def test_parquet_metadata_nested_too_deep_is_a_named_conversion_error(tmp_path: 
     pq.write_table(table, src)
     with pytest.raises(ConversionError, match=r"deep\.parquet: the schema metadata 'huggingface'.*nested too deeply"):
         convert_parquet(str(src), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+
+
+LOCK_AND_FORK = """
+import os, sys, time
+from shardflow.storage.locks import DestinationLock
+DestinationLock(sys.argv[1]).acquire()
+child = os.fork()
+if child == 0:  # a writer worker that outlives the run (it would notice the orphaning later)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1), os.dup2(null, 2)  # the test's pipes are not held open
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # killed before it could release anything
+"""
+
+
+def test_a_killed_runs_lock_goes_with_it_though_a_forked_worker_lives_on(tmp_path: Path) -> None:
+    folder = tmp_path / "dst"
+    run = subprocess.run([sys.executable, "-c", LOCK_AND_FORK, str(folder)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    worker = int(run.stdout.split()[0])
+    try:
+        os.kill(worker, 0)  # the dead run's worker is still alive, holding a copy of its descriptors
+        assert writer_holding(str(folder)) is None
+        with DestinationLock(str(folder)):  # the re-run at once is not refused
+            assert writer_holding(str(folder)) == f"pid {os.getpid()} on {socket.gethostname()}"
+    finally:
+        os.kill(worker, signal.SIGKILL)

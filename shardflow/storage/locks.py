@@ -3,7 +3,10 @@
 A writer holds an exclusive ``flock`` on ``<folder>/.shardflow.lock`` (its pid and
 host written in it, for the error another writer gets). The kernel releases the
 lock when the process dies, however it dies, so a crashed run never leaves the
-folder held; the file is removed when the writer finishes. Temporaries written
+folder held; the file is removed when the writer finishes. The lock is its
+process's own: a forked child (a conversion's writer worker) closes its copy of
+the descriptor at once, so a worker that outlives a killed run does not hold the
+folder for it. Temporaries written
 by :func:`~shardflow.storage.output.open_output` are ``flock``-ed while being
 written, so one whose lock can be taken belongs to no live writer and is
 removed by :func:`remove_stale_temporaries`. (A conversion's staged shards,
@@ -30,6 +33,25 @@ __all__ = ["LOCK_NAME", "DestinationLock", "remove_stale_temporaries", "writer_h
 log = logging.getLogger(__name__)
 LOCK_NAME = ".shardflow.lock"
 TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # open_output's names: .<name>.<token>.tmp
+
+
+_HELD: set[DestinationLock] = set()  # the locks this process holds (until released)
+
+
+def _drop_in_child() -> None:
+    """After a fork, in the child: close its copies of the held locks' descriptors (an ``flock``
+    stays held while any copy of its descriptor is open) and forget them, so that the lock
+    goes with the process that took it."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
 
 
 class DestinationLock:
@@ -71,10 +93,12 @@ class DestinationLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+        _HELD.add(self)
         return self
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         if fd is None:
             return
         with contextlib.suppress(FileNotFoundError):
