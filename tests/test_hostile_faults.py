@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardflow import ShardDataset
@@ -76,3 +77,21 @@ def test_a_killed_runs_lock_goes_with_it_though_a_forked_worker_lives_on(tmp_pat
             assert writer_holding(str(folder)) == f"pid {os.getpid()} on {socket.gethostname()}"
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)  # the old planning took ~90 s for [[1000, 0], [1000, 0]] and >300 s for this one
+def test_resume_states_of_many_ranks_plan_in_linear_time(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [1000] * 20)
+    ds = ShardDataset(str(folder), decode=None, rank=0, world_size=1)
+    state = ds.state_dict()
+    state["remaining"] = [[2000, 0], [2000, 0]]  # inside the bounds (shardflow.state.MAX_STAGES, world sizes)
+    ds.load_state_dict(state)
+    plan = ds.plan()
+    once = ShardDataset(str(folder), decode=None, rank=0, world_size=1)
+    state["remaining"] = [[2000, 0]]
+    once.load_state_dict(state)
+    # nothing taken on 2,000 ranks twice: the rest is the whole epoch as those ranks had it, each sample once
+    assert plan.samples == 20_000 and plan.padding == 0
+    assert np.array_equal(plan.read_sample[plan.emit], once.plan().read_sample[once.plan().emit])
+    keys = [s["__key__"] for s in ds]
+    assert sorted(keys) == [f"{i:06d}" for i in range(20_000)]
