@@ -6,6 +6,7 @@ bounded time with a named error.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,10 @@ import pytest
 from shardflow import ShardDataset
 from shardflow.convert.engine import ConvertOptions
 from shardflow.errors import ConversionError, ShardflowError, StateError
+from shardflow.storage import IOOptions, staged, staged_blocks
 from shardflow.storage.locks import DestinationLock, writer_holding
+from shardflow.storage.staging import StagingScope
+from shardflow.storage.staging_faults import StagingFullError
 
 from .helpers import make_shards
 
@@ -95,3 +99,59 @@ def test_resume_states_of_many_ranks_plan_in_linear_time(tmp_path: Path) -> None
     assert np.array_equal(plan.read_sample[plan.emit], once.plan().read_sample[once.plan().emit])
     keys = [s["__key__"] for s in ds]
     assert sorted(keys) == [f"{i:06d}" for i in range(20_000)]
+
+
+# --------------------------------------------------------------------------------------------
+# the staging area: a full disk, a stalled claim
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 256 KiB tmpfs for a staging area (root can mount one); skipped where it cannot be made."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a small tmpfs (a full disk) needs root and mount(8)")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.timeout(60)  # retried as a network error, it waited part_deadline (900 s)
+def test_a_full_staging_disk_is_a_named_error_at_once(http_server, full_disk: Path, monkeypatch) -> None:
+    monkeypatch.setattr(staged_blocks, "BLOCK", 64 << 10)
+    data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    url = http_server.put("big.bin", data)
+    root = full_disk / "area"
+    root.mkdir()
+    io = IOOptions(backoff=0.0, staging_scope=StagingScope(str(root), 0, 2))
+    with pytest.raises(StagingFullError, match=rf"staging {url}: the staging area {root} has no room left") as info:
+        b"".join(staged.staged_chunks(url, 0, None, io))
+    err = info.value
+    assert isinstance(err, ShardflowError) and err.reason == "staging_full"  # what on_error="skip" counts
+    assert "IOOptions.staging_dir" in str(err) and "staging=False" in str(err)
+    assert http_server.stats.gets == 1  # not retried
+
+
+@pytest.mark.timeout(60)  # a stalled holder made the others wait part_deadline (900 s)
+def test_a_stalled_claim_holder_does_not_hold_up_the_others(http_server, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(staged_blocks, "BLOCK", 64 << 10)
+    data = np.random.default_rng(4).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    url = http_server.put("obj.bin", data)
+    root = tmp_path / "area"
+    root.mkdir()
+    holder = staged_blocks.StagedObject(StagingScope(str(root), 1, 2), url, IOOptions())
+    claims = [holder.claim(j) for j in range(2)]  # a live worker that claimed blocks 0 and 1, then stalled
+    with open(holder.block_path(0), "wb") as f:
+        f.write(data[:1000])  # it had written a little
+    try:
+        io = IOOptions(backoff=0.0, request_timeout=0.5, staging_scope=StagingScope(str(root), 0, 2))
+        assert b"".join(staged.staged_chunks(url, 0, None, io)) == data
+    finally:
+        for fd in claims:
+            os.close(fd)
+    assert http_server.stats.body_bytes <= len(data)  # the bytes it had staged were not fetched again
