@@ -155,3 +155,37 @@ def test_a_stalled_claim_holder_does_not_hold_up_the_others(http_server, tmp_pat
         for fd in claims:
             os.close(fd)
     assert http_server.stats.body_bytes <= len(data)  # the bytes it had staged were not fetched again
+
+
+def _staged_under_a_file_size_limit(url: str, root: str, out) -> None:
+    """Child: read ``url`` through a staging area while no file may grow past 100 KB (``EFBIG``)."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    io = IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2))
+    try:
+        b"".join(staged.staged_chunks(url, 0, None, io))
+        out.put(("read", ""))
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        out.put((type(e).__name__, f"{getattr(e, 'reason', '')}: {e}"))
+
+
+@pytest.mark.timeout(60)
+def test_a_file_size_limit_in_the_staging_area_is_a_named_error(http_server, tmp_path: Path, monkeypatch) -> None:
+    """The same without root: RLIMIT_FSIZE in a child process makes block writes fail (EFBIG)."""
+    import multiprocessing
+
+    monkeypatch.setattr(staged_blocks, "BLOCK", 256 << 10)
+    data = np.random.default_rng(5).integers(0, 256, 600_000, dtype=np.uint8).tobytes()
+    url = http_server.put("limited.bin", data)
+    root = tmp_path / "area"
+    root.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_staged_under_a_file_size_limit, args=(url, str(root), out))
+    child.start()
+    kind, message = out.get(timeout=50)
+    child.join(10)
+    assert kind == "StagingFullError", message
+    assert message.startswith(f"staging_full: staging {url}: the staging area {root} has no room left")
