@@ -22,7 +22,7 @@ import pytest
 import shardflow
 from shardflow.errors import DestinationExistsError
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
-from shardflow.storage.listed import IncompleteDatasetError
+from shardflow.sources.listed import IncompleteDatasetError
 
 pytestmark = pytest.mark.timeout(600)
 

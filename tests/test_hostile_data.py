@@ -14,9 +14,9 @@ import pytest
 
 import shardflow
 from shardflow import IndexedShardDataset, IOOptions, ShardDataset, ShardWriter
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError, DestinationExistsError, ManifestError, ShardflowError
-from shardflow.storage.listed import IncompleteDatasetError
+from shardflow.sources.listed import IncompleteDatasetError
 
 from .helpers import make_shards, tiny_image
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_parquet_uint64_label_past_int64_is_refused_at_conversion(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     src = tmp_path / "u64.parquet"
     pq.write_table(pa.table({"label": pa.array([1, 2**64 - 1, 3], pa.uint64())}), src)
@@ -83,7 +83,7 @@ def test_a_shard_linked_to_a_file_outside_the_folder_is_refused(tmp_path: Path) 
 
 
 def test_imagefolder_counts_leave_out_the_corrupt_images_it_skipped(tmp_path: Path) -> None:
-    from shardflow.convert.imagefolder import convert_imagefolder
+    from shardflow.convert.images.imagefolder import convert_imagefolder
 
     src = tmp_path / "src"
     for cls, names in {"cat": ["a.jpg", "b.jpg", "c.png", "bad.jpg"], "dog": ["d.jpg", "bad.png"]}.items():

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 from shardflow import ShardDataset
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError, ShardflowError, StateError
-from shardflow.storage import IOOptions, staged, staged_blocks
-from shardflow.storage.locks import DestinationLock, writer_holding
-from shardflow.storage.staging import StagingScope
-from shardflow.storage.staging_faults import StagingFullError
+from shardflow.storage import IOOptions
+from shardflow.storage.sharing import staged, staged_blocks
+from shardflow.storage.sharing.staging import StagingScope
+from shardflow.storage.sharing.staging_faults import StagingFullError
+from shardflow.storage.writing.locks import DestinationLock, writer_holding
 
 from .helpers import make_shards
 
@@ -43,7 +44,7 @@ def test_set_epoch_past_the_bound_is_a_named_state_error(tmp_path: Path) -> None
 def test_parquet_metadata_nested_too_deep_is_a_named_conversion_error(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     src = tmp_path / "deep.parquet"
     deep = '{"info": {"features": {"label": ' + "[" * 100_000 + "]" * 100_000 + "}}}"
@@ -55,7 +56,7 @@ def test_parquet_metadata_nested_too_deep_is_a_named_conversion_error(tmp_path: 
 
 LOCK_AND_FORK = """
 import os, sys, time
-from shardflow.storage.locks import DestinationLock
+from shardflow.storage.writing.locks import DestinationLock
 DestinationLock(sys.argv[1]).acquire()
 child = os.fork()
 if child == 0:  # a writer worker that outlives the run (it would notice the orphaning later)
