@@ -16,7 +16,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ManifestError, ShardflowError
+from ..errors import ManifestError, ShardflowError, redact
 from ..format.manifest import Manifest, check_counts
 from ..storage.backends.metadata import object_size
 from ..storage.options import IOOptions
@@ -61,10 +61,10 @@ def refuse_unfinished(folder: str, manifest: Manifest | None, options: IOOptions
                                           f"{manifest.num_samples} samples, so far"
     if writer is not None:
         raise IncompleteDatasetError(
-            f"{folder}: a writer ({writer}) is writing this folder now{so_far}: wait for it to finish, {_HOW}"
+            f"{redact(folder)}: a writer ({writer}) is writing this folder now{so_far}: wait for it to finish, {_HOW}"
         )
     raise IncompleteDatasetError(
-        f"{folder}: the conversion that wrote this folder did not finish (its manifest says \"complete\": false "
+        f"{redact(folder)}: the conversion that wrote this folder did not finish (its manifest says \"complete\": false "
         f"and no writer holds the folder: it was stopped or crashed){so_far}: re-run the conversion (it resumes "
         f"where it stopped), {_HOW}"
     )
@@ -94,7 +94,7 @@ def check_listed(manifest: Manifest, options: IOOptions) -> None:
         except (OSError, ValueError) as e:
             raise ManifestError(
                 f"{where}: shard {info.url!r} is listed with {info.samples} samples but no \"bytes\", and its size "
-                f"cannot be read to bound that count ({type(e).__name__}: {e}); add its size (shardflow index "
+                f"cannot be read to bound that count ({type(e).__name__}: {redact(str(e))}); add its size (shardflow index "
                 "writes a manifest with sizes)"
             ) from e
         sized.append(replace(info, bytes=size))
