@@ -351,10 +351,12 @@ class ShardDataset(IterableDataset):
 
         Without it, each new iteration advances the epoch by one, so an epoch
         is never replayed silently (also in workers, persistent or not).
+
+        Raises:
+            StateError: ``epoch`` is not an int in ``[0, 2**62)`` (:data:`~shardflow.state.MAX_EPOCH`;
+                seeds are derived from the epoch in 64 bits).
         """
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._epochs.choose(int(epoch))
+        self._epochs.choose(epoch)
 
     @property
     def epoch(self) -> int:

@@ -241,6 +241,20 @@ class ClassWalk:
         for descriptors in found:
             yield iter([descriptors])
 
+    def less_skipped(self, skipped: list[str]) -> dict[str, Any]:
+        """``class_counts`` and ``image_fields`` without the images the build skipped (their
+        paths ``<class>/.../<name>.<ext>``, as :class:`~shardflow.convert.groups.Skipped` names
+        them), so that they add up to the samples written."""
+        position = {c: k for k, c in enumerate(self.classes)}
+        counts, fields = list(self.class_counts), Counter(self.image_fields)
+        for rel in skipped:
+            k = position.get(rel.split("/", 1)[0])
+            if k is not None:
+                counts[k] -= 1
+                fields[extension(rel.rsplit("/", 1)[-1])] -= 1
+        return {"class_counts": dict(zip(self.classes, counts)),
+                "image_fields": {f: n for f, n in sorted(fields.items()) if n > 0}}
+
     def summary(self) -> dict[str, Any]:
         """Counts and names for the manifest's ``meta`` (call after the walk)."""
         return {

@@ -233,8 +233,8 @@ def convert_imagefolder(
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
-        path or URL of ``src``), ``extensions``, ``class_counts`` (images per
-        class), ``image_fields`` (images per image field, e.g. ``{"jpg": 1200,
+        path or URL of ``src``), ``extensions``, ``class_counts`` (samples written per
+        class: corrupt images skipped are not counted), ``image_fields`` (samples per image field, e.g. ``{"jpg": 1200,
         "png": 800}``: a sample has one of them, which ``fields=("image", ...)``
         reads as one), ``ignored_files`` (files in ``src`` or in class folders that are
         not samples: hidden, not images, not regular), ``skipped_dirs``
@@ -276,7 +276,7 @@ def convert_imagefolder(
         build,
         context=ctx,
         meta=meta,
-        meta_at_end=walk.summary,
+        meta_at_end=walk.summary, skipped_meta=walk.less_skipped,  # counts of the samples written
         options=options,
         progress=progress,
         identity=identity,
