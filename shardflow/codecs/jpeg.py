@@ -45,7 +45,7 @@ JPEG_SCALES: tuple[int, ...] = (8, 4, 2, 1)
 _SOF_HUFFMAN = frozenset({0xC0, 0xC1, 0xC2})  # baseline, extended sequential, progressive
 _SKIPPED = frozenset({0xC4, 0xDB, 0xDD, 0xFE} | set(range(0xE0, 0xF0)))  # DHT DQT DRI COM APPn
 _SOS, _APP1 = 0xDA, 0xE1
-_U16 = struct.Struct(">H")
+_SEGMENT = struct.Struct(">BBH")  # a segment's start: 0xFF, its marker, its length
 _SIZE = struct.Struct(">HH")  # SOF: lines, then pixels per line
 
 
@@ -66,8 +66,18 @@ class JpegHeader(NamedTuple):
     has_app1: bool
 
 
+# the bytes of the last JPEG parsed up to the end of its scan's segment header, and its header
+# (to start, bytes whose parse gives None: a segment marked 0xD8 is never a JPEG's first)
+_last_header: tuple[bytes, JpegHeader | None] = (b"\xff\xd8\xff\xd8", None)
+
+
 def read_jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
     """Parse a JPEG's segments up to its first scan, without decoding.
+
+    The parse reads nothing past the end of the scan's segment header, so its result is
+    that of the last JPEG parsed whenever ``data`` starts with the same bytes up to there
+    (images of one size written by one encoder: resized datasets, camera bursts without
+    EXIF); that one comparison replaces the walk over the segments.
 
     Args:
         data: the whole encoded image.
@@ -77,24 +87,29 @@ def read_jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
         not a JPEG, an unusual or hostile layout, or a frame other than 8-bit SOF0/1/2 with 1
         or 3 components.
     """
+    global _last_header
+    prefix, known = _last_header
+    if isinstance(data, bytes) and data.startswith(prefix):
+        return known
     end = len(data)
     if end < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
         return None
     pos, frame, app1 = 2, None, False
     while pos + 4 <= end:
-        if data[pos] != 0xFF:
+        ff, marker, length = _SEGMENT.unpack_from(data, pos)
+        if ff != 0xFF:
             return None  # junk between segments: Pillow's parser skips it, we do not guess
-        marker = data[pos + 1]
         if marker == 0xFF:  # fill byte before a marker
             pos += 1
             continue
-        (length,) = _U16.unpack_from(data, pos + 2)
         if length < 2 or pos + 2 + length > end:
             return None
         if marker == _SOS:
             if frame is None:
                 return None
-            return JpegHeader(frame[0], frame[1], frame[2], app1)
+            header = JpegHeader(frame[0], frame[1], frame[2], app1)
+            _last_header = (bytes(data[: pos + 2 + length]), header)  # one tuple: a consistent pair
+            return header
         if marker in _SOF_HUFFMAN:
             if frame is not None or length < 8:
                 return None

@@ -380,6 +380,27 @@ _MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-
 _MTIME = b"00000000000\0"  # bytes 136-148
 _AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic, version, the rest: 157-512
 _FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
+_REGULAR, _REGULAR_AFTER = ord("0"), b"0" + _AFTER_TYPE  # a regular file's type flag, and what follows it
+
+
+_SIZE_PARTS: dict[int, tuple[bytes, int, bytes]] = {}
+_SIZE_PARTS_HELD = 4096  # sizes remembered (small files repeat their sizes; ~1 MB at most)
+
+
+def _size_parts(size: int) -> tuple[bytes, int, bytes]:
+    """For a member of ``size`` bytes: its header's bytes 100-148 (mode, ids, size, mtime), the
+    byte sum of its size field, and the padding after its data (remembered for the first
+    :data:`_SIZE_PARTS_HELD` sizes met: formatting them was a fifth of a small sample's writing)."""
+    got = _SIZE_PARTS.get(size)
+    if got is None:
+        if size < 8**11:
+            size_field = b"%011o\0" % size
+        else:  # GNU base-256 for sizes of 8 GiB and more
+            size_field = b"\x80" + size.to_bytes(11, "big")
+        got = (_MODE_IDS + size_field + _MTIME, sum(size_field), _ZERO_BLOCK[: -size % BLOCK])
+        if len(_SIZE_PARTS) < _SIZE_PARTS_HELD:
+            _SIZE_PARTS[size] = got
+    return got
 
 
 def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
@@ -387,13 +408,9 @@ def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
     the block with the checksum field read as spaces, as the reader checks it)."""
     if len(name) > 100:
         raise ValueError("ustar name longer than 100 bytes")
-    if size < 8**11:
-        size_field = b"%011o\0" % size
-    else:  # GNU base-256 for sizes of 8 GiB and more
-        size_field = b"\x80" + size.to_bytes(11, "big")
-    check = _FIXED_SUM + sum(name) + sum(size_field) + typeflag[0]
-    return b"".join((name, _ZERO_BLOCK[len(name) : 100], _MODE_IDS, size_field, _MTIME,
-                     b"%06o\0 " % check, typeflag, _AFTER_TYPE))  # fmt: skip
+    middle, size_sum, _ = _size_parts(size)
+    check = _FIXED_SUM + sum(name) + size_sum + typeflag[0]
+    return b"".join((name.ljust(100, b"\0"), middle, b"%06o\0 " % check, typeflag, _AFTER_TYPE))
 
 
 def _pax_record(key: str, value: str) -> bytes:
@@ -410,8 +427,10 @@ def _pad(n: int) -> bytes:
 
 def _member_parts(name: str, data: bytes) -> list[bytes]:
     raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) <= 100 and raw.isascii():
-        return [_header(raw, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]
+    if len(raw) <= 100 and raw.isascii():  # _header inlined: the path of nearly every member
+        middle, size_sum, pad = _size_parts(len(data))
+        check = _FIXED_SUM + sum(raw) + size_sum + _REGULAR
+        return [b"".join((raw.ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad]
     record = _pax_record("path", name)
     short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
     return [_header(b"././@PaxHeader", len(record), b"x"), record, _pad(len(record)),
