@@ -373,7 +373,6 @@ def scan_shard(
 # ---------------------------------------------------------------- writing
 
 
-
 # The fixed parts of every header this writer emits (ustar, deterministic metadata): only the
 # name, the size, the checksum and the type vary, so a header is these parts joined.
 _MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-124
@@ -381,24 +380,17 @@ _MTIME = b"00000000000\0"  # bytes 136-148
 _AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic, version, the rest: 157-512
 _FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
 _REGULAR, _REGULAR_AFTER = ord("0"), b"0" + _AFTER_TYPE  # a regular file's type flag, and what follows it
-
-
-_SIZE_PARTS: dict[int, tuple[bytes, int, bytes]] = {}
-_SIZE_PARTS_HELD = 4096  # sizes remembered (small files repeat their sizes; ~1 MB at most)
+_SIZE_PARTS: dict[int, tuple[bytes, int, bytes]] = {}  # remembered for the first 4,096 sizes met
 
 
 def _size_parts(size: int) -> tuple[bytes, int, bytes]:
-    """For a member of ``size`` bytes: its header's bytes 100-148 (mode, ids, size, mtime), the
-    byte sum of its size field, and the padding after its data (remembered for the first
-    :data:`_SIZE_PARTS_HELD` sizes met: formatting them was a fifth of a small sample's writing)."""
+    """A member of ``size`` bytes: its header's bytes 100-148 (mode, ids, size, mtime), the byte sum
+    of its size field, its padding (formatting these was a fifth of a small sample's writing)."""
     got = _SIZE_PARTS.get(size)
-    if got is None:
-        if size < 8**11:
-            size_field = b"%011o\0" % size
-        else:  # GNU base-256 for sizes of 8 GiB and more
-            size_field = b"\x80" + size.to_bytes(11, "big")
-        got = (_MODE_IDS + size_field + _MTIME, sum(size_field), _ZERO_BLOCK[: -size % BLOCK])
-        if len(_SIZE_PARTS) < _SIZE_PARTS_HELD:
+    if got is None:  # GNU base-256 sizes from 8 GiB
+        field = b"%011o\0" % size if size < 8**11 else b"\x80" + size.to_bytes(11, "big")
+        got = (_MODE_IDS + field + _MTIME, sum(field), _ZERO_BLOCK[: -size % BLOCK])
+        if len(_SIZE_PARTS) < 4096:
             _SIZE_PARTS[size] = got
     return got
 
@@ -421,10 +413,6 @@ def _pax_record(key: str, value: str) -> bytes:
     return str(length).encode() + payload
 
 
-def _pad(n: int) -> bytes:
-    return b"\0" * (-n % BLOCK)
-
-
 def _member_parts(name: str, data: bytes) -> list[bytes]:
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) <= 100 and raw.isascii():  # _header inlined: the path of nearly every member
@@ -433,7 +421,7 @@ def _member_parts(name: str, data: bytes) -> list[bytes]:
         return [b"".join((raw.ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad]
     record = _pax_record("path", name)
     short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
-    return [_header(b"././@PaxHeader", len(record), b"x"), record, _pad(len(record)),
+    return [_header(b"././@PaxHeader", len(record), b"x"), record, _ZERO_BLOCK[: -len(record) % BLOCK],
             _header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
 
 
