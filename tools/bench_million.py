@@ -84,6 +84,7 @@ def convert(a: dict) -> dict:
         elif os.path.exists(p):
             os.remove(p)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
+    cpu0 = cpu_seconds()  # (the imports below are not timed; their CPU is taken off at the end)
     if lib == "shardflow":
         import contextlib
         import io
@@ -91,7 +92,7 @@ def convert(a: dict) -> dict:
         from shardflow.cli import build_parser, main as sf_main
 
         build_parser()  # imports every converter module: import time, not timed (as the harness)
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) as out:
             rc = sf_main(["convert", "imagefolder", tree, dst])
         dt = time.perf_counter() - t0
@@ -100,7 +101,7 @@ def convert(a: dict) -> dict:
     elif lib == "litdata":
         import litdata
 
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
         paths = [p for p, _ in list_tree(tree)]
         litdata.optimize(fn=lit_fn, inputs=paths, output_dir=dst, num_workers=WORKERS, chunk_size=a["count"])
         dt = time.perf_counter() - t0
@@ -108,7 +109,7 @@ def convert(a: dict) -> dict:
     elif lib == "mosaic":
         from streaming import MDSWriter
 
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
         with MDSWriter(out=dst, columns={"jpg": "bytes", "cls": "int"}, size_limit=a["mds_size"]) as w:
             for p, label in list_tree(tree):
                 with open(p, "rb") as f:
@@ -125,7 +126,15 @@ def convert(a: dict) -> dict:
     import resource
 
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    return {"seconds": dt, "shards": shards, "workers_mb": workers}
+    return {"seconds": dt, "cpu": cpu_seconds() - cpu0, "shards": shards, "workers_mb": workers}
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it waited for (writer processes, tar)."""
+    import resource
+
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def open_dataset(a: dict) -> dict:
@@ -190,20 +199,29 @@ class Poll(threading.Thread):
             self.stop.wait(0.2)
 
 
-def run_child(args: dict, env: dict) -> dict:
-    """Run one child; its result with ``main_mb`` (wait4's peak RSS) and ``tree_mb`` (polled)."""
+def run_child(args: dict, env: dict, timeout: float = 3600) -> dict | None:
+    """Run one child; its result with ``main_mb`` (wait4's peak RSS) and ``tree_mb`` (polled);
+    None when it ran past ``timeout`` seconds (its process group killed)."""
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(args)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)  # fmt: skip
     poll = Poll(p.pid)
     poll.start()
+    killer = threading.Timer(timeout, lambda: os.killpg(p.pid, 9))
+    killer.start()
     out_box: list[str] = []
     reader = threading.Thread(target=lambda: out_box.append(p.stdout.read()), daemon=True)  # type: ignore[union-attr]
     reader.start()
     err = p.stderr.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
+    timed_out = not killer.is_alive()
+    killer.cancel()
     poll.stop.set()
     reader.join()
+    if timed_out:
+        print(f"{args['kind']} {args.get('lib', '')}: killed after {timeout:.0f} s", flush=True)
+        return None
     lines = [ln for ln in "".join(out_box).splitlines() if ln.startswith("@@RESULT ")]
     if p.returncode != 0 or not lines:
         raise SystemExit(f"{args['kind']} {args.get('lib', '')} failed (exit {p.returncode}):\n{err[-3000:]}")
@@ -234,21 +252,35 @@ def count_tree(tree: str) -> tuple[int, int]:
     return n, size
 
 
+def warm(tree: str) -> float:
+    """Read every file once (seconds): the page cache holds the tree and its access times are
+    set (``relatime`` writes an inode on a file's first read after a change), so the first
+    library timed pays neither."""
+    t0 = time.perf_counter()
+    for c in os.scandir(tree):
+        if c.is_dir():
+            for f in os.scandir(c.path):
+                with open(f.path, "rb") as fh:
+                    fh.read()
+    return time.perf_counter() - t0
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
 def report(results: dict, n: int, opened: list[dict], load: list[str]) -> str:
     lines = [f"\n{n:,} files; load (uptime) at the start of each round: {'; '.join(load)}",
-             "| library | wall s (median) | files/s | runs, files/s | peak RSS MB main / largest worker / tree sum |",
-             "|---|---:|---:|---|---|"]  # fmt: skip
+             "| library | wall s (median) | files/s | runs, files/s | CPU us/file, all processes | "
+             "peak RSS MB main / largest worker / tree sum |", "|---|---:|---:|---|---:|---|"]  # fmt: skip
     for lib, runs in results.items():
         if not runs:
             continue
         secs = [r["seconds"] for r in runs]
         mem = max(runs, key=lambda r: r["main_mb"])
+        cpu = med([r["cpu"] for r in runs]) / n * 1e6
         lines.append(f"| {lib} | {med(secs):.2f} | {n / med(secs):,.0f} | {', '.join(f'{n / s:,.0f}' for s in secs)} | "
-                     f"{mem['main_mb']:.0f} / {mem['workers_mb']:.0f} / {mem['tree_mb']:.0f} |")  # fmt: skip
+                     f"{cpu:.1f} | {mem['main_mb']:.0f} / {mem['workers_mb']:.0f} / {mem['tree_mb']:.0f} |")  # fmt: skip
     rate = {lib: n / med([r["seconds"] for r in runs]) for lib, runs in results.items() if runs}
     sf = rate.get("shardflow")
     if sf:
@@ -278,6 +310,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/bench-million")
     ap.add_argument("--json", default=None, help="write every run's figures here")
     ap.add_argument("--tvstub", default=None, help="the harness's torchvision stand-in folder (for mosaic)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a conversion may take (then killed, left out)")
     ap.add_argument("--keep", action="store_true", help="keep the outputs (default: removed, shardflow's last kept)")
     args = ap.parse_args()
     if args.child:
@@ -292,6 +325,7 @@ def main() -> int:
     n, size = count_tree(args.tree)
     mds_size = int(MAX_COUNT * (size / max(n, 1) + 16) * 1.01)
     print(f"{args.tree}: {n:,} files, {size / 1e6:,.1f} MB; {MAX_COUNT} per shard; libraries {libs}", flush=True)
+    print(f"warm-up read of every file: {warm(args.tree):.1f} s", flush=True)
     results: dict[str, list[dict]] = {lib: [] for lib in libs}
     load: list[str] = []
     for r in range(args.repeat):
@@ -299,9 +333,12 @@ def main() -> int:
         for lib in libs if r % 2 == 0 else libs[::-1]:
             dst = os.path.join(args.work, lib)
             res = run_child(dict(kind="convert", lib=lib, tree=os.path.abspath(args.tree), dst=dst, count=MAX_COUNT,
-                                 mds_size=mds_size), child_env(lib, stub))  # fmt: skip
+                                 mds_size=mds_size), child_env(lib, stub), args.timeout)  # fmt: skip
+            if res is None:
+                continue
             results[lib].append(res)
-            print(f"round {r + 1} {lib}: {res['seconds']:.2f} s, {n / res['seconds']:,.0f} files/s, {res['shards']} shards, "
+            print(f"round {r + 1} {lib}: {res['seconds']:.2f} s, {n / res['seconds']:,.0f} files/s, CPU {res['cpu']:.2f} s, "
+                  f"{res['shards']} shards, "
                   f"peak RSS main {res['main_mb']:.0f} MB, workers {res['workers_mb']:.0f} MB, tree {res['tree_mb']:.0f} MB "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
             if not args.keep and lib != "shardflow":
@@ -310,8 +347,8 @@ def main() -> int:
     opened = []
     if "shardflow" in libs:
         for _ in range(max(args.repeat, 2)):
-            opened.append(run_child(dict(kind="open", dst=os.path.join(args.work, "shardflow")),
-                                    child_env("shardflow", stub)))  # fmt: skip
+            res = run_child(dict(kind="open", dst=os.path.join(args.work, "shardflow")), child_env("shardflow", stub))
+            opened += [res] if res else []
     text = report(results, n, opened, load)
     print(text)
     if args.json:
