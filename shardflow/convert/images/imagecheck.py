@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ...codecs.jpeg import read_jpeg_header
+from ...codecs.jpegheader import read_jpeg_header
 from ...codecs.resize import DEFAULT_QUALITY, shrink_image
 from ...errors import ConversionError, DecodeError
 from ..engine.groups import Skipped
