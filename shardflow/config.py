@@ -373,12 +373,10 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
     Returns:
         The loader; its dataset is ``loader.dataset``.
     """
-    import inspect
-
-    from .loading.shardloader import ShardLoader, loader
+    from .loading.shardloader import loader, options
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
-    loader_args = set(inspect.signature(ShardLoader).parameters) - {"dataset"}
+    loader_args = options()
     loader_extra = {k: extra.pop(k) for k in list(extra) if k in loader_args}
     ds = dataset_from_config(cfg, **extra)
     return loader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=cfg.drop_last, **loader_extra)

@@ -18,9 +18,7 @@ field named ``image`` decodes as an image.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import io
 import json
 import re
@@ -30,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import fastpath
 from ..errors import DecodeError, SampleError
 from ..format.keys import IMAGE_EXTENSIONS, codec_extension
 from ..format.limits import DEFAULT_LIMITS, MAX_GRAPH_EDGES, MAX_GRAPH_NODES, Limits
+from ..format.npy import MAGIC, header_of
 from .compressed import COMPRESSED_EXTENSIONS, compress_field, decompress_field
 
 __all__ = [
@@ -344,30 +344,17 @@ def _enc_npy(value: Any, ext: str) -> bytes:
     return buf.getvalue()
 
 
-@functools.lru_cache(maxsize=256)
-def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """Parse a .npy header dict (cached: datasets repeat a handful of headers)."""
-    meta = ast.literal_eval(header.decode("latin1"))
-    dtype = np.lib.format.descr_to_dtype(meta["descr"])
+def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
+    """Decode .npy bytes like ``np.load(allow_pickle=False)``, the header read by
+    :func:`shardflow.format.npy.header_of` (each distinct one parsed once, with the fast
+    paths on); anything else (not a ``.npy``, the ``"npy"`` fast path off) by ``np.load``."""
+    if not fastpath.enabled("npy") or len(data) < 10 or bytes(data[:6]) != MAGIC or data[6] not in (1, 2, 3):
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    shape, fortran, dtype, offset = header_of(data)
     if dtype.hasobject:
         raise ValueError("object arrays cannot be loaded without pickle")
-    return dtype, tuple(meta["shape"]), bool(meta["fortran_order"])
-
-
-def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
-    """Decode .npy bytes like ``np.load(allow_pickle=False)``, parsing each distinct
-    header once (``np.load`` spends ~100 us per call in ``ast.literal_eval``)."""
-    if len(data) < 10 or bytes(data[:6]) != b"\x93NUMPY" or data[6] not in (1, 2, 3):
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    if data[6] == 1:
-        start, hlen = 10, int.from_bytes(data[8:10], "little")
-    else:
-        start, hlen = 12, int.from_bytes(data[8:12], "little")
-    # bytes() of the header alone: the cache hashes its key, and a bytearray or memoryview
-    # field (members of 1 MiB and more arrive as bytearray) is not hashable
-    dtype, shape, fortran = _npy_header(bytes(data[start : start + hlen]))
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=start + hlen)
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     return arr.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 

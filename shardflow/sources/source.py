@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from .. import storage
-from ..errors import ManifestError, SourceError
+from ..errors import ManifestError, SourceError, redact
 from ..format.journal import manifest_from_journal
 from ..format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts
 from .shardset import ShardSet, Source, SourcePart, listed_url, read_all
@@ -139,7 +139,7 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
             manifest = manifest_from_journal(read_all(journal, options), murl, verify)
             check_counts(manifest, options.limits)
             log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
-                        source, len(manifest.shards))
+                        redact(source), len(manifest.shards))
             return _from_manifest(manifest, murl, options)
         found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
         if not found:
@@ -148,22 +148,29 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
     elif as_given:
         urls = [source]
     else:
-        _refuse_missing_folder(source)
+        _refuse_missing_folder(source, options)
         urls = expand_urls(source, options.storage_options)
     if not urls:
         raise FileNotFoundError("the source lists no shards")
     return _sibling_manifest(urls, options, cache) or ShardSet(urls, None, [None] * len(urls))
 
 
-def _refuse_missing_folder(source: str) -> None:
-    """Raise now for a local path that names no file, folder or pattern (a misspelt folder),
-    rather than when its one "shard" is first read.
+def _refuse_missing_folder(source: str, options: storage.IOOptions) -> None:
+    """Raise now for a path or URL that names no file, folder or pattern (a misspelt folder,
+    bucket or prefix), rather than when its one "shard" is first read.
 
     Raises:
-        FileNotFoundError: ``source`` is a local path without a shard suffix, a glob or a
-            brace pattern, and nothing exists there.
+        FileNotFoundError: ``source`` has no shard suffix, glob or brace pattern, and nothing
+            exists there (a remote one: one existence request, made only on this path).
     """
-    if not storage.is_local(source) or source.endswith(SHARD_SUFFIXES) or has_glob(source) or "{" in source:
+    if source.endswith(SHARD_SUFFIXES) or has_glob(source) or "{" in source or "::" in source:
+        return
+    if not storage.is_local(source):
+        if not storage.exists(source, options):
+            raise FileNotFoundError(
+                f"{redact(source)}: nothing at this URL: no shardflow.json, no shards under it and no object "
+                "named so (check the bucket and the prefix for a typo)"
+            )
         return
     path = local_path(source)
     if not os.path.lexists(path):

@@ -6,13 +6,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
 from ..errors import redacted_repr
-
-if TYPE_CHECKING:
-    from .sharing.staging import StagingScope
 
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
@@ -72,8 +69,6 @@ class IOOptions:
             (default 2 GiB); past it, blocks every worker already read are
             removed first. Blocks being written or read are never removed, so
             the disk used is at most this plus 8 MiB per open shard part.
-        staging_scope: set by :class:`~shardflow.ShardDataset` in each DataLoader
-            worker (which rank, epoch and worker reads); leave it ``None``.
         cross_host_redirects: follow HTTP redirects to another host (scheme,
             host or port), without the URL's credentials, ``Authorization``,
             cookies or custom headers. Off by default: such a redirect is a
@@ -95,7 +90,6 @@ class IOOptions:
     staging: bool = True
     staging_dir: str | None = None
     staging_limit: int = 2 << 30
-    staging_scope: StagingScope | None = field(default=None, repr=False)
     cross_host_redirects: bool = False
 
     def __post_init__(self) -> None:

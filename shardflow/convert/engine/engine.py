@@ -35,7 +35,7 @@ from itertools import islice
 from typing import Any
 
 from ... import storage
-from ...errors import ConversionError, ShardflowError, redact, redact_value
+from ...errors import ConversionError, ShardflowError, redact, redact_data
 from ...format.manifest import MANIFEST_NAME, Manifest, ShardInfo, fields_of
 from ...storage.writing.locks import DestinationLock
 from ...writing.shardfile import ShardFile
@@ -311,8 +311,8 @@ def run_conversion(
     """
     # the manifest and the record never hold a source URL's credentials or signature: a resumed
     # run with a fresh token has the same (redacted) identity
-    meta = redact_value(dict(meta or {}))
-    identity = redact_value(json.loads(json.dumps(
+    meta = redact_data(dict(meta or {}))
+    identity = redact_data(json.loads(json.dumps(
         identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
     )))  # fmt: skip
     if not storage.is_local(dest):
@@ -373,7 +373,7 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         if callable(kept):
             kept(run.kept)
     if meta_at_end is not None:
-        meta.update(redact_value(dict(meta_at_end())))
+        meta.update(redact_data(dict(meta_at_end())))
     manifest = run.manifest(complete=True)
     run.write(manifest)
     _remove_replaced(dest, previous, manifest, io)

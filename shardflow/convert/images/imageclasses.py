@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
-from ...errors import ConversionError
+from ...errors import ConversionError, redact
 from .imagekeys import key_names
 from .walk import Entry, Ignored, LocalTree, Tree, extension, iter_dirs
 
@@ -58,8 +59,28 @@ def scan_root(tree: Tree, ignored: Ignored) -> list[str]:
             classes.append(entry.name)
             continue
         ignored.add(entry.name, why, is_dir=entry.is_dir)
-        (log.warning if entry.link else log.debug)("%s: %s, not a class", tree.url(entry.name), why)
+        (log.warning if entry.link else log.debug)("%s: %s, not a class", redact(tree.url(entry.name)), why)
+    _refuse_lookalikes(tree, classes)
     return classes
+
+
+def _refuse_lookalikes(tree: Tree, classes: list[str]) -> None:
+    """Refuse class folders whose names differ only in Unicode normalization ('café' written
+    NFC and NFD): they would be two classes that print identically.
+
+    Raises:
+        ConversionError: names both folders, escaped so that they differ (``'caf\\xe9'``,
+            ``'cafe\\u0301'``).
+    """
+    seen: dict[str, str] = {}
+    for name in classes:
+        other = seen.setdefault(unicodedata.normalize("NFC", name), name)
+        if other != name:
+            raise ConversionError(
+                f"{redact(tree.url(''))}: class folders {ascii(other)} and {ascii(name)} differ only in their "
+                f"Unicode normalization (both read {unicodedata.normalize('NFC', name)!r}); rename or merge one "
+                "of them, as two classes they could not be told apart"
+            )
 
 
 def classes_from(source: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, int]:

@@ -54,7 +54,7 @@ from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
-from .imagecheck import ON_ERROR, BuildContext, build
+from .imagecheck import BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
 from .imagekeys import key_names, key_to_path
@@ -62,7 +62,6 @@ from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "ON_ERROR",
     "convert_imagefolder",
     "find_classes",
     "count_images",
@@ -228,10 +227,8 @@ def convert_imagefolder(
         on_error: a corrupt image: ``"skip"`` (named in ``meta.skipped``, with
             a warning) or ``"raise"``.
         follow_links: follow symlinked directories that lead out of the tree.
-        max_side: shrink images whose long side exceeds this many pixels, once, as they are
-            packed (:mod:`shardflow.codecs.resize`: Pillow's ``thumbnail``, re-encoded in
-            their own format); smaller images are kept byte for byte. None (default): every
-            image as stored.
+        max_side: shrink images with a longer side once, as they are packed
+            (:mod:`shardflow.codecs.resize`); smaller ones are kept byte for byte.
         quality: JPEG/WebP quality (1..100) of the images ``max_side`` re-encodes.
 
     Returns:
@@ -272,13 +269,7 @@ def convert_imagefolder(
     classes = list(class_to_idx)
     _check_empty(where, tree, classes, exts, client, allow_empty)
     walk = ClassWalk(tree, classes, list(class_to_idx.values()), exts, client, ignored)
-    source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
-    meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
-    if given is not None:
-        meta["classes_from"] = origin
-    identity: dict[str, Any] = {"converter": "imagefolder", "source": source}
-    if max_side is not None:
-        meta["resize"] = identity["resize"] = {"max_side": max_side, "quality": quality}
+    meta, identity = _meta(tree, class_to_idx, exts, origin if given is not None else None, ctx)
     return run_conversion(
         dst,
         walk.descriptors(),
@@ -291,6 +282,19 @@ def convert_imagefolder(
         identity=identity,
         client=client,
     )
+
+
+def _meta(tree: Tree, class_to_idx: dict[str, int], exts: frozenset[str], classes_from: str | None,
+          ctx: BuildContext) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The manifest's ``meta`` at the start, and the identity a re-run must match to keep shards."""
+    source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
+    meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
+    if classes_from is not None:
+        meta["classes_from"] = classes_from
+    identity: dict[str, Any] = {"converter": "imagefolder", "source": source}
+    if ctx.max_side is not None:
+        meta["resize"] = identity["resize"] = {"max_side": ctx.max_side, "quality": ctx.quality}
+    return meta, identity
 
 
 def _given_classes(

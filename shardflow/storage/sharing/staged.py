@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
-from shardflow.errors import RemoteReadError
+from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
 from ..backends.filesystems import has_validator
@@ -45,7 +45,7 @@ from ..options import IOOptions
 from ..reading import retried_chunks
 from .areas import open_private
 from .staged_blocks import StagedObject
-from .staging import held_here, let_go, same_file
+from .staging import held_here, let_go, same_file, scope_of, unstaged
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Fetch(threading.Thread):
             self._stream()
         except BaseException as exc:  # noqa: BLE001 - raised by the reader that started the fetch
             self.error = exc
-            logger.debug("staging %s from block %d failed: %s", self.obj.url, self.first, exc)
+            logger.debug("staging %s from block %d failed: %s", redact(self.obj.url), self.first, redact(str(exc)))
         finally:
             for fd in self.claims.values():
                 let_go(fd)
@@ -107,7 +107,7 @@ class Fetch(threading.Thread):
         full = obj.block_len(j)
         if full is not None and off >= j * obj.block + full:
             return  # completed meanwhile
-        options = replace(obj.options, block_size=FETCH_CHUNK, staging_scope=None)
+        options = replace(unstaged(obj.options), block_size=FETCH_CHUNK)
         obj.make_room()
         out = held_here(open_private(obj.block_path(j), os.O_WRONLY | os.O_CREAT))
         self._claim_next(j)
@@ -195,7 +195,7 @@ def prefetch(url: str, options: IOOptions) -> Fetch | None:
     Raises:
         ValueError: ``options`` has no ``staging_scope``.
     """
-    scope = options.staging_scope
+    scope = scope_of(options)
     if scope is None:
         raise ValueError("prefetch needs options.staging_scope")
     obj = StagedObject(scope, url, options)
@@ -224,7 +224,7 @@ def staged_chunks(url: str, start: int, end: int | None, options: IOOptions,
     Raises:
         RemoteReadError: no byte came for ``options.part_deadline`` seconds.
     """
-    scope = options.staging_scope
+    scope = scope_of(options)
     if scope is None:
         raise ValueError("staged_chunks needs options.staging_scope")
     reader = _Reader(StagedObject(scope, url, options), end)
@@ -268,7 +268,7 @@ class _Reader:
             stop = end
             if obj.load_meta():
                 if obj.size is None:  # the store does not say: no blocks to wait for
-                    options = replace(obj.options, staging_scope=None)
+                    options = unstaged(obj.options)
                     yield from retried_chunks(obj.url, pos, end, options, check_size=check_size)
                     break
                 if not checked:
@@ -284,7 +284,7 @@ class _Reader:
             piece = self._piece(j, pos, stop)
             if piece is None:  # before where the block's file starts: fetched by another worker from there on
                 below = min(j * obj.block + self.base, stop if stop is not None else j * obj.block + self.base)
-                options = replace(obj.options, staging_scope=None)
+                options = unstaged(obj.options)
                 for piece in retried_chunks(obj.url, pos, below, options, expect=obj.identity):
                     if hasher is not None:
                         hasher.update(piece)
