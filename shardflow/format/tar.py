@@ -29,6 +29,7 @@ from .keys import KeySet, split_name
 from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
+from .ustar import header, regular_member
 
 __all__ = [
     "BLOCK",
@@ -381,38 +382,6 @@ def raw_sample(key: str, url: str, fields: Mapping[str, Any] = _NO_FIELDS) -> di
 # ---------------------------------------------------------------- writing
 
 
-# The fixed parts of every header this writer emits (ustar, deterministic metadata): only the
-# name, the size, the checksum and the type vary, so a header is these parts joined.
-_MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-124
-_MTIME = b"00000000000\0"  # bytes 136-148
-_AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic, version, the rest: 157-512
-_FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
-_REGULAR, _REGULAR_AFTER = ord("0"), b"0" + _AFTER_TYPE  # a regular file's type flag, and what follows it
-_SIZE_PARTS: dict[int, tuple[bytes, int, bytes]] = {}  # remembered for the first 4,096 sizes met
-
-
-def _size_parts(size: int) -> tuple[bytes, int, bytes]:
-    """A member of ``size`` bytes: its header's bytes 100-148 (mode, ids, size, mtime), the byte sum
-    of its size field, its padding (formatting these was a fifth of a small sample's writing)."""
-    got = _SIZE_PARTS.get(size)
-    if got is None:  # GNU base-256 sizes from 8 GiB
-        field = b"%011o\0" % size if size < 8**11 else b"\x80" + size.to_bytes(11, "big")
-        got = (_MODE_IDS + field + _MTIME, sum(field), _ZERO_BLOCK[: -size % BLOCK])
-        if len(_SIZE_PARTS) < 4096:
-            _SIZE_PARTS[size] = got
-    return got
-
-
-def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
-    """One ustar header block with deterministic metadata (its checksum is the byte sum of
-    the block with the checksum field read as spaces, as the reader checks it)."""
-    if len(name) > 100:
-        raise ValueError("ustar name longer than 100 bytes")
-    middle, size_sum, _ = _size_parts(size)
-    check = _FIXED_SUM + sum(name) + size_sum + typeflag[0]
-    return b"".join((name.ljust(100, b"\0"), middle, b"%06o\0 " % check, typeflag, _AFTER_TYPE))
-
-
 def _pax_record(key: str, value: str) -> bytes:
     payload = f" {key}={value}\n".encode("utf-8", "surrogateescape")
     length = len(payload) + 1
@@ -423,14 +392,12 @@ def _pax_record(key: str, value: str) -> bytes:
 
 def _member_parts(name: str, data: bytes) -> list[bytes]:
     raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) <= 100 and raw.isascii():  # _header inlined: the path of nearly every member
-        middle, size_sum, pad = _size_parts(len(data))
-        check = _FIXED_SUM + sum(raw) + size_sum + _REGULAR
-        return [b"".join((raw.ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad]
+    if len(raw) <= 100 and raw.isascii():
+        return regular_member(raw, data)
     record = _pax_record("path", name)
     short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
-    return [_header(b"././@PaxHeader", len(record), b"x"), record, _ZERO_BLOCK[: -len(record) % BLOCK],
-            _header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
+    return [header(b"././@PaxHeader", len(record), b"x"), record, _ZERO_BLOCK[: -len(record) % BLOCK],
+            header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
 
 
 def encode_member(name: str, data: bytes) -> bytes:
