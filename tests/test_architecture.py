@@ -23,14 +23,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardflow"
 # the package's __init__, so that a new top-level module must be placed here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.fastpath", "shardflow.compat", "shardflow.world",
-              "shardflow.state", "shardflow.expand", "shardflow.seeding")),
+              "shardflow.state", "shardflow.expand", "shardflow.seeding", "shardflow.accounting")),
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
     ("plan", ("shardflow.plan", "shardflow.costs", "shardflow.order", "shardflow.mixing", "shardflow.elastic")),
     ("reading", ("shardflow.shardset", "shardflow.source", "shardflow.reader", "shardflow.selection")),
     ("dataset", ("shardflow.dataset", "shardflow.dataloader", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
-                 "shardflow.transforms", "shardflow.batching", "shardflow.transfer")),
+                 "shardflow.transforms", "shardflow.batching", "shardflow.transfer", "shardflow.report",
+                 "shardflow.tracing")),
     ("tools", ("shardflow.writer", "shardflow.shardfile", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
     ("cli", ("shardflow.cli", "shardflow.config")),
 ]

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import reader, storage
+from .. import accounting, reader, storage
+from ..accounting import Account
 from ..batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..collation import is_builtin, takes_graph_records
 from ..errors import ShardflowError
@@ -118,10 +119,14 @@ class Iteration:
             if skip:
                 items = skip_items(items, skip * (self._batching.batch_size if self._batching else 1))
         items = storage.staged_epoch(items, io)
+        timed = self._batching is not None and self._batching.account  # stage timers (shardflow.accounting)
+        items = accounting.timed(items, "read") if timed else items
         if expanded is None:
             items = reader.prepared(items, prepare)
+            items = accounting.timed(items, "decode") if timed else items
         if self.transform is not None:
             items = reader.apply_transform(items, seeder.wrap(self.transform), policy)
+            items = accounting.timed(items, "transform") if timed else items
         return items, sizes
 
     def _seeder(self, world: World, epoch: int, enabled: bool = True) -> Seeder:
@@ -169,6 +174,7 @@ class Iteration:
             raise ShardflowError("internal: batching requested without a batch configuration")
         ids = self._units(world, epoch, resume)
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        account = Account(b.account)  # this worker's epoch: its stage times and counters since now
         items, sizes = self._pipeline(stream_world(world, resume), epoch, ids, skip, policy)
         counted = count_good(items, policy)
         # shardflow's own collate draws nothing: only a user's collate_fn is seeded per batch
@@ -181,17 +187,18 @@ class Iteration:
             batches = ((ids[i], batch) for i, batch in reader.batched(counted, sizes, b.collate, seed_batch))
         else:
             batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
+        batches = accounting.timed(batches, "collate") if b.account else batches
         try:
             # in the training process (num_workers=0), its own generators stay where it left them
             # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
             restore = self.sample_seeding and (user_collate or self._runs_user_code()) and not World.in_worker()
             for index, batch in (restoring(batches, self.sample_seeding) if restore else batches):
-                yield WorkerItem(world.worker, index, batch, policy.snapshot())
+                yield WorkerItem(world.worker, index, batch, policy.snapshot(), acct=account.now())
             if world.num_workers == 1 or policy.stats["samples"]:
                 policy.check_end()
         finally:
             close_iter(items)
-        yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
+        yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True, acct=account.now())
 
 
 def unsized_batches(items: Iterator[Any], b: Batching, skip: int, stream: World, seeder: Seeder) -> Iterator[tuple[int, Any]]:
