@@ -14,6 +14,7 @@ from .batching import Batching, WorkerItem
 from .dataset import EpochRun, ShardDataset
 from .errors import ShardflowError, StateError
 from . import transfer
+from .report import Insight, Report
 
 __all__ = ["loader", "ShardLoader"]
 
@@ -56,6 +57,11 @@ class ShardLoader:
         cost: the per-sample size an int ``max_cost`` sums, a column of the
             manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
             shards.
+        accounting: account for where each epoch's time and bytes go (:meth:`report`);
+            off, the workers time no stages and send no counters.
+        trace: write a Chrome/Perfetto trace of the first epoch's first batches to this
+            path (:mod:`shardflow.tracing`).
+        report_path: append each finished epoch's report to this file as one JSON line.
     """
 
     def __init__(
@@ -73,6 +79,9 @@ class ShardLoader:
         timeout: float = 0,
         max_cost: int | Mapping[str, int] | None = None,
         cost: str = "num_nodes",
+        accounting: bool = True,
+        trace: str | None = None,
+        report_path: str | None = None,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"shardflow.loader needs a ShardDataset, got {type(dataset).__name__}")
@@ -85,7 +94,7 @@ class ShardLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
-        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost), num_workers,
+        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost, accounting), num_workers,
                              forked=num_workers > 0 and _start_method(multiprocessing_context) == "fork")
         self._dl_kwargs: dict[str, Any] = {
             "batch_size": None,
@@ -104,6 +113,7 @@ class ShardLoader:
         self._pending: EpochRun | None = None  # loaded by load_state_dict, not iterated yet
         self._active = False
         self._pools: set[int] = set()  # the workers' batch buffer pools mapped here (shardflow.transfer)
+        self._insight = Insight(accounting, trace, report_path)
         weakref.finalize(self, transfer.forget, self._pools)
 
     @property
@@ -143,6 +153,8 @@ class ShardLoader:
         run = self._coming()
         self._pending = None
         self._run = run
+        world = self.dataset.world()  # the account starts before the epoch's prefetches (storage.staged)
+        acct = self._insight.begin(run.epoch, world.rank, world.world_size, self.num_workers)
         with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
             it = iter(self._dataloader(fresh=run.resumed))
         self._active = True
@@ -157,7 +169,9 @@ class ShardLoader:
                         f"this iteration of epoch {run.epoch} was superseded by a later iter() of the loader: "
                         "with persistent_workers=True its workers serve one iteration at a time"
                     )
+                t0 = acct.before()
                 item = next(it, None)
+                acct.after(t0, item)
                 if item is None:
                     break
                 if not isinstance(item, WorkerItem):
@@ -175,19 +189,23 @@ class ShardLoader:
                         owed += 1
                         continue
                     again += batch_samples(last)
+                    acct.yielded()
                     yield last
                     continue
                 last = item.data
                 again += owed * batch_samples(item.data)
                 for _ in range(owed):
+                    acct.yielded()
                     yield item.data
                 owed = 0
+                acct.yielded()
                 yield item.data
             run.finish(owed, again)
         finally:
             if self._run is run:
                 self._active = False
             run.close()
+            self._insight.end(run.stats, run.finished)
             if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
@@ -195,6 +213,19 @@ class ShardLoader:
                 del it
                 transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
                 self._pools.clear()
+
+    def report(self, gather: bool = False) -> Report:
+        """Where the current (or last) epoch's time and bytes went, and whether the training
+        loop waits for data: see :class:`~shardflow.report.Report` and docs/insight.md.
+
+        Args:
+            gather: with ``torch.distributed`` initialised, gather every rank's wait (a
+                collective: call it on every rank) and name the slowest rank.
+
+        Raises:
+            ShardflowError: the loader was not iterated yet.
+        """
+        return self._insight.report(self._run.stats if self._run is not None else {}, gather)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch: which batches the training loop has received.
