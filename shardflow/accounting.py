@@ -1,11 +1,12 @@
 """Where a loader epoch's time and bytes go: counters and stage timers, one tally per process.
 
 Counters are exact: the storage layer counts every request, byte and retry where it happens
-(:func:`count`), in whichever thread. Stage times are ``time.perf_counter_ns`` totals taken by
-thin wrappers around the stages of a worker's pipeline (:func:`timed`), each the time spent
-inside the stage *including* the stages it pulls from; :func:`stage_seconds` turns them into
-exclusive times. A worker sends :func:`since` its epoch's start with every batch it yields
-(see :class:`shardflow.batching.WorkerItem`), and the loader sums the workers' last ones
+(:func:`count`), in whichever thread. Stage times are ``time.perf_counter_ns`` totals: exact per
+batch (a worker's whole time per batch, collate, hand-over) and per chunk of shard bytes
+(fetch); the per-sample stages (decode, transform) are timed on one sample in
+:data:`SAMPLE_EVERY` and scaled (:func:`timed`), and the tar walk is what is left
+(:func:`stage_seconds`). A worker sends :func:`since` its epoch's start with every batch it
+yields (see :class:`shardflow.batching.WorkerItem`), and the loader sums the workers' last ones
 (:mod:`shardflow.report`).
 
 The stages, innermost first (docs/insight.md):
@@ -24,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "snapshot",
     "since",
     "timed",
+    "timed_batches",
+    "SAMPLE_EVERY",
     "timed_chunks",
     "stage_seconds",
     "is_shard_data",
@@ -62,7 +66,10 @@ COUNTERS: tuple[str, ...] = (
 """Counter names (each an exact integer)."""
 
 # Inclusive stage timers ("in.<stage>") and exclusive ones (fetch, handover), in ns.
-_TIMERS = ("fetch", "in.read", "in.decode", "in.transform", "in.collate", "handover")
+_TIMERS = ("fetch", "in.read", "in.decode", "in.transform", "in.collate", "collate", "handover")
+
+SAMPLE_EVERY: int = 8
+"""Per-sample stages time one item in this many (:func:`timed`); batches are all timed."""
 
 _META_SUFFIXES = (".json", ".npy", ".jsonl", ".idx")
 
@@ -114,12 +121,42 @@ def since(base: Mapping[str, int]) -> dict[str, int]:
     return {k: v - base.get(k, 0) for k, v in now.items()}
 
 
-def timed(items: Iterable[Any], stage: str) -> Iterator[Any]:
-    """``items``, with the time spent in each ``next()`` added to stage ``stage``'s inclusive
-    timer (two clock reads per item). Closing it closes ``items``."""
+def timed(items: Iterable[Any], stage: str, every: int = SAMPLE_EVERY) -> Iterator[Any]:
+    """``items`` of a one-to-one sample stage, with every ``every``-th ``next()`` timed (from
+    the first), its time times ``every`` added to stage ``stage``'s inclusive timer.
+
+    The stages of a worker sample the same items (they pass each item on, a dropped one as
+    None), so the difference of two neighbours' timers is the outer stage's own time on those
+    items, whatever the inner one waited for. The items in between pass through
+    ``yield from``, untimed (a clock read costs a system call on some virtual machines).
+    Closing it closes ``items``.
+    """
     values = _tally.values
     key = "in." + stage
     it = iter(items)
+    step = it.__next__
+    rest = every - 1
+    try:
+        while True:
+            t = clock()
+            try:
+                x = step()
+            except StopIteration:
+                return
+            values[key] += (clock() - t) * every
+            yield x
+            yield from islice(it, rest)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def timed_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches``, with the time of every ``next()`` added to the ``in.collate`` timer: all a
+    worker's work for the batch (exact, two clock reads per batch). Closing it closes ``batches``."""
+    values = _tally.values
+    it = iter(batches)
     step = it.__next__
     try:
         while True:
@@ -127,9 +164,9 @@ def timed(items: Iterable[Any], stage: str) -> Iterator[Any]:
             try:
                 x = step()
             except StopIteration:
-                values[key] += clock() - t
+                values["in.collate"] += clock() - t
                 return
-            values[key] += clock() - t
+            values["in.collate"] += clock() - t
             yield x
     finally:
         close = getattr(it, "close", None)
@@ -161,20 +198,23 @@ def timed_chunks(chunks: Iterator[bytes], local: bool) -> Iterator[bytes]:
 
 
 def stage_seconds(values: Mapping[str, int]) -> dict[str, float]:
-    """Exclusive seconds per stage (:data:`STAGES`) from counters and inclusive timers
-    (summed over processes): each stage's inclusive time less that of the stage it pulls
-    from (the nearest inner one that ran), never below 0."""
-    out: dict[str, float] = {}
-    inner = values.get("fetch", 0)
-    out["fetch"] = inner / 1e9
-    for stage in ("read", "decode", "transform", "collate"):
+    """Exclusive seconds per stage (:data:`STAGES`) from counters and timers (summed over
+    processes), never below 0: ``fetch``, ``collate`` and ``handover`` as timed; the
+    per-sample stages (decode, transform) each as its sampled inclusive time less that of the
+    nearest inner one that ran; ``read`` as what is left of the batches' whole time
+    (``in.collate``) after the others: the tar walk, and whatever else ran between them."""
+    out = dict.fromkeys(STAGES, 0.0)
+    inner = values.get("in.read", 0)
+    for stage in ("decode", "transform"):
         incl = values.get("in." + stage, 0)
         if incl:
             out[stage] = max(incl - inner, 0) / 1e9
             inner = incl
-        else:
-            out[stage] = 0.0
+    out["fetch"] = values.get("fetch", 0) / 1e9
+    out["collate"] = values.get("collate", 0) / 1e9
     out["handover"] = values.get("handover", 0) / 1e9
+    rest = values.get("in.collate", 0) / 1e9 - out["collate"] - out["decode"] - out["transform"] - out["fetch"]
+    out["read"] = max(rest, 0.0)
     return out
 
 

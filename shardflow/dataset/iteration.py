@@ -187,7 +187,7 @@ class Iteration:
             batches = ((ids[i], batch) for i, batch in reader.batched(counted, sizes, b.collate, seed_batch))
         else:
             batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
-        batches = accounting.timed(batches, "collate") if b.account else batches
+        batches = accounting.timed_batches(batches) if b.account else batches
         try:
             # in the training process (num_workers=0), its own generators stay where it left them
             # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
