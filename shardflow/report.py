@@ -37,7 +37,7 @@ DOING: dict[str, str] = {
 ADVICE: dict[str, str] = {
     "fetch": "more workers (more shards in flight), a cache_dir on local disk (later epochs read no network), "
              "compression='zstd' shards (fewer bytes), or shard affinity (ShuffleConfig(affinity=True))",
-    "read": "more workers, or fewer and larger samples per shard member",
+    "read": "more workers, or fewer and larger samples (each tar member costs a header to walk)",
     "decode": "more workers, DecodeOptions(jpeg_decoder='simplejpeg'), or smaller images",
     "transform": "more workers, or a cheaper transform (augment on the GPU)",
     "collate": "more workers, or shardflow's default collate instead of a custom collate_fn",
