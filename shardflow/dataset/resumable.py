@@ -32,7 +32,8 @@ class Resumable:
         return {
             "shards": h.hexdigest()[:16],
             "seed": self.seed,
-            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial],
+            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial]
+            + (["affinity"] if self.shuffle.affinity else []),  # (states saved before affinity stay valid)
             "partial": split.partial,
             "samples_per_epoch": split.samples_per_epoch,
             "batch_size": split.batch_size,
