@@ -120,3 +120,61 @@ def test_plan_prints_a_cost_for_the_prices_given(http_server, tmp_path, capsys):
     assert main(["plan", srv.url, *OPTIONS, "--price-per-gb", "0.09"]) == 0
     text = capsys.readouterr().out
     assert "epoch 0   rank 1" in text and "total        6 GETs" in text and "cost" in text
+
+
+def affinity_epochs(srv, tmp_path: Path, rank: int, affinity: bool) -> list[tuple[list[str], dict]]:
+    """Two epochs of ``rank`` (2 workers) through a cache of its own: (keys, report) each."""
+    io = IOOptions(backoff=0.0, cache_dir=str(tmp_path / f"cache-{affinity}-{rank}"))
+    shuffle = shardflow.ShuffleConfig(buffer=100, affinity=affinity)
+    ds = shardflow.ShardDataset(srv.url, shuffle=shuffle, seed=SEED, io=io, rank=rank, world_size=2, decode=None)
+    loader = shardflow.loader(ds, batch_size=50, num_workers=2)
+    out = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        keys = [k for b in loader for k in b["__key__"]]
+        out.append((keys, loader.report().to_dict()))
+    return out
+
+
+def test_with_shard_affinity_the_second_epoch_fetches_nothing(http_server, tmp_path, capsys):
+    srv = http_server
+    folder = serve(srv, tmp_path, None)
+    stored = sum(p.stat().st_size for p in folder.glob("*.tar"))
+    kept = {rank: affinity_epochs(srv, tmp_path, rank, True) for rank in (0, 1)}
+    for rank, ((keys0, first), (keys1, second)) in kept.items():
+        assert len(keys0) == len(keys1) == 300 and keys0 != keys1 and sorted(keys0) == sorted(keys1)  # reshuffled
+        assert first["bytes_network"] == stored // 2 and first["requests"] == 3 and first["cache_fills"] == 3
+        assert second["bytes_network"] == 0 and second["requests"] == 0 and second["cache_hits"] >= 3
+    assert sorted(kept[0][1][0] + kept[1][1][0]) == [f"{i:06d}" for i in range(600)]  # every sample once an epoch
+    # without affinity the ranks are dealt other shards in epoch 1, fetched again; the plan says how many
+    dealt = {rank: affinity_epochs(srv, tmp_path, rank, False) for rank in (0, 1)}
+    fetched = [dealt[rank][1][1]["bytes_network"] for rank in (0, 1)]
+    assert sum(fetched) > 0 and all(dealt[rank][0][1]["bytes_network"] == stored // 2 for rank in (0, 1))
+    base = ["--world-size", "2", "--workers", "2", "--batch-size", "50", "--shuffle", "100", "--seed", str(SEED),
+            "--epochs", "2", "--cache"]
+    plan = plan_json(capsys, srv.url, *base)
+    assert [r["bytes"] for r in plan["per_epoch"][1]["ranks"]] == fetched
+    plan = plan_json(capsys, srv.url, *base, "--affinity")
+    assert [r["bytes"] for r in plan["per_epoch"][1]["ranks"]] == [0, 0] and plan["per_epoch"][1]["requests"] == 0
+
+
+def test_shard_affinity_resumes_exactly(tmp_path):
+    (tmp_path / "d").mkdir()
+    write(tmp_path / "d", None)
+
+    def loader():
+        ds = shardflow.ShardDataset(str(tmp_path / "d"), shuffle=shardflow.ShuffleConfig(buffer=100, affinity=True),
+                                    seed=SEED, rank=1, world_size=2, decode=None)
+        ds.set_epoch(3)
+        return shardflow.loader(ds, batch_size=20, num_workers=2)
+
+    whole = [list(b["__key__"]) for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [list(next(it)["__key__"]) for _ in range(4)]
+    state = first.state_dict()
+    it.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + [list(b["__key__"]) for b in resumed] == whole
+    assert state["config"]["shuffle"][-1] == "affinity"  # a state of another affinity is refused
