@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import weakref
+from functools import partial
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from .batching import Batching, WorkerItem
 from .dataset import EpochRun, ShardDataset
 from .errors import ShardflowError, StateError
 from . import transfer
-from .report import Insight, Report
+from .report import Insight, Report, predicted_cost
 
 __all__ = ["loader", "ShardLoader"]
 
@@ -154,7 +155,8 @@ class ShardLoader:
         self._pending = None
         self._run = run
         world = self.dataset.world()  # the account starts before the epoch's prefetches (storage.staged)
-        acct = self._insight.begin(run.epoch, world.rank, world.world_size, self.num_workers)
+        predict = None if run.resumed else partial(predicted_cost, self.dataset, run.epoch, world.rank, self.num_workers)
+        acct = self._insight.begin(run.epoch, world.rank, world.world_size, self.num_workers, predict)
         with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
             it = iter(self._dataloader(fresh=run.resumed))
         self._active = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from . import accounting
 from .accounting import COUNTERS, STAGES, clock
 from .errors import ShardflowError
 
-__all__ = ["INPUT_BOUND", "ADVICE", "Report", "LoopAccount", "verdict", "gather", "append_jsonl", "Insight"]
+__all__ = ["INPUT_BOUND", "ADVICE", "Report", "LoopAccount", "verdict", "gather", "append_jsonl", "Insight", "predicted_cost"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,9 @@ class Report:
         stages: exclusive seconds per stage, summed over workers.
         skipped, retries: samples dropped under ``on_error``; reads retried.
         slowest_rank: with ``report(gather=True)``: ``{"rank", "wait_fraction", "wait_s"}``.
+        predicted: what ``shardflow plan`` predicts for this rank's epoch (``requests``,
+            ``bytes``, ``requests_max``, ``bytes_max``), beside the measured counters; None
+            without a manifest, with a ``cache_dir`` or for a resumed epoch.
     """
 
     epoch: int
@@ -96,6 +99,7 @@ class Report:
     counters: dict[str, int]
     stages: dict[str, float]
     slowest_rank: dict[str, Any] | None = None
+    predicted: dict[str, int] | None = None
     input_bound: bool = field(init=False)
     slowest_stage: str = field(init=False)
     sentence: str = field(init=False)
@@ -129,6 +133,8 @@ class Report:
         }
         if self.slowest_rank is not None:
             out["slowest_rank"] = self.slowest_rank
+        if self.predicted is not None:
+            out["predicted"] = dict(self.predicted)
         return out
 
     def __str__(self) -> str:
@@ -143,10 +149,13 @@ class LoopAccount:
         epoch, rank, world_size, workers: whose epoch.
         on: accounting is on (off: only the loop's wait is still timed; stages stay 0).
         trace: a :class:`shardflow.tracing.TraceWindow` to feed, or None.
+        predict: returns the epoch's predicted GETs and bytes (see :func:`predicted_cost`).
     """
 
-    def __init__(self, epoch: int, rank: int, world_size: int, workers: int, on: bool = True, trace: Any = None) -> None:
+    def __init__(self, epoch: int, rank: int, world_size: int, workers: int, on: bool = True, trace: Any = None,
+                 predict: Callable[[], dict[str, int] | None] | None = None) -> None:
         self.epoch, self.rank, self.world_size, self.workers = epoch, rank, world_size, workers
+        self.predict = predict
         self.on = on
         self.trace = trace
         self.base = accounting.snapshot()
@@ -197,13 +206,14 @@ class LoopAccount:
 
     def report(self, stats: Mapping[str, int]) -> Report:
         """The report of the epoch so far; ``stats``: the run's merged ``dataset.stats``."""
-        total = self.totals()
+        total = self.totals()  # before predicting: an offset index read for it is not the epoch's
         stages = accounting.stage_seconds(total) if self.on else dict.fromkeys(STAGES, 0.0)
         return Report(
             epoch=self.epoch, rank=self.rank, world_size=self.world_size, workers=self.workers,
             wait_s=self.wait_ns / 1e9, step_s=self.step_ns / 1e9, batches=self.batches,
             samples=int(stats.get("samples", 0)), skipped=int(stats.get("skipped", 0)),
             counters={k: total[k] for k in COUNTERS}, stages=stages,
+            predicted=self.predict() if self.predict is not None else None,
         )
 
 
@@ -246,14 +256,15 @@ class Insight:
         self.current: LoopAccount | None = None
         self.window: Any = None
 
-    def begin(self, epoch: int, rank: int, world_size: int, workers: int) -> LoopAccount:
-        """A new epoch's account (an ``iter()`` of the loader)."""
+    def begin(self, epoch: int, rank: int, world_size: int, workers: int,
+              predict: Callable[[], dict[str, int] | None] | None = None) -> LoopAccount:
+        """A new epoch's account (an ``iter()`` of the loader); ``predict``: see :class:`LoopAccount`."""
         if self.trace_path is not None and self.window is None:
             from .tracing import TraceWindow
 
             self.window = TraceWindow(self.trace_path, rank)
         trace = self.window if self.window is not None and not self.window.written else None
-        self.current = LoopAccount(epoch, rank, world_size, workers, self.on, trace)
+        self.current = LoopAccount(epoch, rank, world_size, workers, self.on, trace, predict)
         return self.current
 
     def end(self, stats: Mapping[str, int], finished: bool) -> None:
@@ -271,3 +282,16 @@ class Insight:
             raise ShardflowError("no report yet: iterate the loader first")
         out = self.current.report(stats)
         return gather(out) if gathered else out
+
+
+def predicted_cost(dataset: Any, epoch: int, rank: int, workers: int) -> dict[str, int] | None:
+    """What ``shardflow plan`` predicts for one rank's epoch of ``dataset`` (a ShardDataset):
+    ``{"requests", "bytes", "requests_max", "bytes_max"}``; None without a manifest or with
+    a ``cache_dir`` (what a cache holds is not in the plan)."""
+    from .reader.epochcost import rank_cost
+
+    if not dataset.sized or dataset.io.cache_dir is not None:
+        return None
+    interleave = dataset.shuffle.interleave if dataset.shuffle.enabled else 1
+    cost = rank_cost(dataset.plan(epoch, rank), dataset.source, dataset.io, workers, interleave)
+    return {"requests": cost.requests, "bytes": cost.bytes, "requests_max": cost.requests_max, "bytes_max": cost.bytes_max}

@@ -52,7 +52,20 @@ def measure(srv, folder: Path, staging: Path, rank: int, workers: int) -> tuple[
     got = (shard_gets(srv), srv.stats.body_bytes - other)
     report = loader.report().to_dict()
     assert (report["requests"], report["bytes_network"]) == got
+    want = predicted(srv.url, rank, workers)
+    assert report["predicted"] == {k: want[k] for k in ("requests", "bytes", "requests_max", "bytes_max")}
     return got
+
+
+def predicted(url: str, rank: int, workers: int) -> dict:
+    """What `shardflow plan` predicts for the rank (the report's prediction is the same)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", url, "--json", *OPTIONS, "--workers", str(workers)]) == 0
+    return json.loads(out.getvalue())["per_epoch"][0]["ranks"][rank]
 
 
 def serve(srv, tmp_path: Path, compression: str | None) -> Path:
