@@ -80,6 +80,7 @@ class Report:
         batches: batches yielded; ``samples``: samples the workers yielded (exact).
         counters: :data:`shardflow.accounting.COUNTERS`, summed over the rank's processes.
         stages: exclusive seconds per stage, summed over workers.
+        worker_stages: the same per worker (DataLoader worker id -> stage -> seconds).
         skipped, retries: samples dropped under ``on_error``; reads retried.
         slowest_rank: with ``report(gather=True)``: ``{"rank", "wait_fraction", "wait_s"}``.
         predicted: what ``shardflow plan`` predicts for this rank's epoch (``requests``,
@@ -98,6 +99,7 @@ class Report:
     skipped: int
     counters: dict[str, int]
     stages: dict[str, float]
+    worker_stages: dict[int, dict[str, float]] = field(default_factory=dict)
     slowest_rank: dict[str, Any] | None = None
     predicted: dict[str, int] | None = None
     input_bound: bool = field(init=False)
@@ -123,6 +125,7 @@ class Report:
             "wait_fraction": round(self.wait_fraction, 4), "wait_s": round(self.wait_s, 6),
             "step_s": round(self.step_s, 6), "input_bound": self.input_bound,
             "slowest_stage": self.slowest_stage, "stages": {k: round(v, 6) for k, v in self.stages.items()},
+            "worker_stages": {str(w): {k: round(v, 6) for k, v in st.items()} for w, st in sorted(self.worker_stages.items())},
             "batches": self.batches, "samples": self.samples, "skipped": self.skipped,
             "bytes_read": c.get("bytes_network", 0) + c.get("bytes_local", 0),
             "bytes_network": c.get("bytes_network", 0), "bytes_local": c.get("bytes_local", 0),
@@ -213,6 +216,7 @@ class LoopAccount:
             wait_s=self.wait_ns / 1e9, step_s=self.step_ns / 1e9, batches=self.batches,
             samples=int(stats.get("samples", 0)), skipped=int(stats.get("skipped", 0)),
             counters={k: total[k] for k in COUNTERS}, stages=stages,
+            worker_stages={w: accounting.stage_seconds(v) for w, v in self.by_worker.items()} if self.on else {},
             predicted=self.predict() if self.predict is not None else None,
         )
 

@@ -45,6 +45,8 @@ def test_a_slow_transform_is_the_slowest_stage_and_the_loop_input_bound(tmp_path
     assert out["input_bound"] is True and out["wait_fraction"] >= INPUT_BOUND, out
     assert out["batches"] == 80 and out["samples"] == 1280 and out["workers"] == 2
     assert out["stages"]["transform"] >= 1280 * 0.002  # every sample's sleep, summed over the workers
+    per_worker = out["worker_stages"]
+    assert sorted(per_worker) == ["0", "1"] and all(w["transform"] >= 640 * 0.002 for w in per_worker.values())
     assert "input-bound" in out["sentence"] and "in the transform" in out["sentence"]
     assert ADVICE["transform"] in out["sentence"]
 
