@@ -6,8 +6,8 @@ batch (a worker's whole time per batch, collate, hand-over) and per chunk of sha
 (fetch); the per-sample stages (decode, transform) are timed on one sample in
 :data:`SAMPLE_EVERY` and scaled (:func:`timed`), and the tar walk is what is left
 (:func:`stage_seconds`). A worker sends :func:`since` its epoch's start with every batch it
-yields (see :class:`shardflow.batching.WorkerItem`), and the loader sums the workers' last ones
-(:mod:`shardflow.report`).
+yields (see :class:`shardflow.loading.batching.WorkerItem`), and the loader sums the workers' last ones
+(:mod:`shardflow.loading.report`).
 
 The stages, innermost first (docs/insight.md):
 

@@ -1,4 +1,4 @@
-"""``loader.report()``: where an epoch's time and bytes went, and the verdict (shardflow.report,
+"""``loader.report()``: where an epoch's time and bytes went, and the verdict (shardflow.loading.report,
 shardflow.accounting). Counters are compared with what the files hold and with what a loopback
 HTTP server counted; the stage shares with a transform or a training step that sleeps."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shardflow
-from shardflow.report import ADVICE, INPUT_BOUND, verdict
+from shardflow.loading.report import ADVICE, INPUT_BOUND, verdict
 from shardflow.storage import IOOptions
 
 

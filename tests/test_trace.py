@@ -1,5 +1,5 @@
 """``shardflow.loader(..., trace=PATH)``: a Chrome/Perfetto trace of the first batches
-(shardflow.tracing), checked against the trace-event format's complete events."""
+(shardflow.loading.tracing), checked against the trace-event format's complete events."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shardflow
-import shardflow.tracing
+import shardflow.loading.tracing
 from shardflow.accounting import STAGES
 
 
@@ -60,7 +60,7 @@ def test_the_trace_holds_each_workers_stages_and_the_loops_waits(tmp_path):
 
 
 def test_only_a_window_of_the_first_epoch_is_traced(tmp_path, monkeypatch):
-    monkeypatch.setattr(shardflow.tracing, "TRACE_BATCHES", 3)
+    monkeypatch.setattr(shardflow.loading.tracing, "TRACE_BATCHES", 3)
     write(tmp_path, 80, 40)
     trace = tmp_path / "trace.json"
     loader = shardflow.loader(shardflow.ShardDataset(str(tmp_path)), batch_size=8, trace=str(trace))

@@ -60,12 +60,17 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
+    parser.add_argument("--max-side", type=int, metavar="N",
+                        help="shrink images whose long side exceeds N pixels once, as they are packed (same format; "
+                        "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
+    parser.add_argument("--quality", type=int, default=90, metavar="Q",
+                        help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
 
 def _imagefolder(args: argparse.Namespace) -> int:
-    from ..convert.imagefolder import convert_imagefolder, count_images
+    from ..convert.images.imagefolder import convert_imagefolder, count_images
 
     options = options_from_args(args)
     # A total for the ETA costs one scandir pass that keeps counts only; it is
@@ -88,6 +93,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         lambda update, client: convert_imagefolder(
             args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
             classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
+            max_side=args.max_side, quality=args.quality,
         ),
         summary,
         args=args,
@@ -181,7 +187,7 @@ def _pyg(args: argparse.Namespace) -> int:
 
 
 def _add_arrays(kinds: argparse._SubParsersAction) -> None:
-    from ..convert.arrays import IMAGE_FORMATS
+    from ..convert.records.arrays import IMAGE_FORMATS
 
     p = kinds.add_parser(
         "arrays",
@@ -204,7 +210,7 @@ def _add_arrays(kinds: argparse._SubParsersAction) -> None:
 
 
 def _arrays(args: argparse.Namespace) -> int:
-    from ..convert.arrays import convert_arrays, default_max_count, inspect_array
+    from ..convert.records.arrays import convert_arrays, default_max_count, inspect_array
 
     spec = inspect_array(args.src, args.array)
     options = options_from_args(args, max_count=args.max_count or default_max_count(spec))
@@ -251,7 +257,7 @@ def _add_lines(kinds: argparse._SubParsersAction) -> None:
 
 
 def _lines(args: argparse.Namespace) -> int:
-    from ..convert.lines import convert_lines
+    from ..convert.records.lines import convert_lines
 
     options = options_from_args(args)
     return run_converter(

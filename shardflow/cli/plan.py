@@ -53,7 +53,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from .. import ShardDataset, loader
-    from ..plan import ShuffleConfig
+    from ..planning.plan import ShuffleConfig
     from ..reader.epochcost import rank_cost
 
     io = replace(io_options(args), staging=not args.no_staging)

@@ -12,7 +12,7 @@ The rules follow the read path (docs/remote.md, docs/insight.md):
 * Staged (the default, remote, with a manifest): the rank's workers share each fetch, so a
   part costs one GET and its bytes once per rank, whatever ``num_workers``; forked workers
   (``num_workers > 0``) get one GET more for each part the first batches read whole that is
-  larger than :data:`~shardflow.storage.staged.PREFETCH_BYTES` (the main process fetched its
+  larger than :data:`~shardflow.storage.sharing.staged.PREFETCH_BYTES` (the main process fetched its
   first bytes before the workers existed).
 * ``staging=False``: every worker streams every part it reads: ``max(workers, 1)`` times.
 * ``cache_dir`` (one per rank here): a shard is downloaded whole once (one GET); later parts
@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import storage
-from ..plan import RankPlan
-from ..source import ShardSet
-from ..storage.staged import PREFETCH_BYTES
+from ..planning.plan import RankPlan
+from ..sources.source import ShardSet
+from ..storage.sharing.staged import PREFETCH_BYTES
 from .runs import read_through
 
 __all__ = ["PartRead", "part_reads", "RankCost", "rank_cost"]
