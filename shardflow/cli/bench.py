@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..codecs import IMAGE_FIELD, is_image_field
@@ -31,7 +31,6 @@ from ..policy import ON_ERROR
 from . import error_text
 from .options import add_io_arguments, storage_options
 from .progress import progress_bar
-from .stageplot import draw_stages, stage_line
 from .units import counted, human_bytes
 
 
@@ -323,7 +322,7 @@ def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str 
     that each holds several batches. ``mean`` (samples/s) is drawn as the dashed
     line; pass the rate that is printed beside the plot (default: samples over the
     time of the last batch). ``stages``: the workers' seconds per stage, drawn below as bars
-    (:mod:`shardflow.cli.stageplot`), with ``verdict`` (the report's sentence) as their title.
+    (:func:`draw_stages`), with ``verdict`` (the report's sentence) as their title.
     """
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend, PNG through Agg
@@ -362,3 +361,27 @@ def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, format="png")
+
+
+def draw_stages(ax: Any, stages: Mapping[str, float], sentence: str = "") -> None:
+    """Draw worker seconds per stage (:mod:`shardflow.accounting`) as horizontal bars on a
+    matplotlib ``ax``, each labelled with its share; ``sentence``: the report's verdict, as the
+    title."""
+    names = list(stages)
+    secs = [stages[n] for n in names]
+    total = sum(secs) or 1.0
+    bars = ax.barh(names, secs, color="#4477aa", alpha=0.7)
+    for bar, s in zip(bars, secs):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s / total:.0%}", va="center", fontsize=8)
+    ax.invert_yaxis()  # innermost stage (fetch) on top, in pipeline order
+    ax.set_xlabel("worker seconds (all workers)")
+    ax.set_title(sentence, fontsize=7, wrap=True)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def stage_line(stages: Mapping[str, float]) -> str:
+    """``"fetch 2%, read 10%, ..."``: each stage's share of the workers' time."""
+    total = sum(stages.values())
+    if total <= 0:
+        return "not timed"
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in stages.items())

@@ -11,6 +11,7 @@ from .options import DEFAULT_OPTIONS, IOOptions
 from .read_ahead import readahead
 from .reading import check_range, retried_chunks
 from .sharing.staged import staged_chunks
+from .sharing.staging import scope_of
 from .urls import is_local
 
 __all__ = ["open_chunks"]
@@ -54,7 +55,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         return timed_chunks(retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256), True)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size, digest or sha256)
-    elif options.staging_scope is not None:  # the rank's workers share the fetches, in threads of their own
+    elif scope_of(options) is not None:  # the rank's workers share the fetches, in threads of their own
         count("staged_reads")
         return timed_chunks(staged_chunks(url, start, end, options, check_size, sha256), True)
     else:
