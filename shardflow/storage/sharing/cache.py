@@ -19,7 +19,7 @@ from shardflow.accounting import count
 from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
-from .areas import open_private, own_file_size, private_folder
+from .areas import lock_held, open_private, own_file_size, private_folder, same_file
 from ..backends.filesystems import filesystem, fresh_info, has_validator, object_identity
 from ..options import IOOptions
 from ..reading import retried_chunks
@@ -156,7 +156,7 @@ class ShardCache:
                         self._pin(url, sha256, data)
                 # converting EX -> SH is not atomic; eviction may slip in: check again
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)
-                if self._present(data, size) and self._same_file(lock_fd, lock_path):
+                if self._present(data, size) and same_file(lock_fd, lock_path):
                     break
                 self._release(lock_fd, lock_path)
                 lock_fd = None
@@ -220,7 +220,7 @@ class ShardCache:
             fd = open_private(path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, how)
-                if cls._same_file(fd, path):
+                if same_file(fd, path):
                     return fd
             except BaseException:
                 os.close(fd)
@@ -228,15 +228,6 @@ class ShardCache:
             os.close(fd)
         raise OSError(f"shard cache: lock file {path} was replaced 1,000 times in a row")
 
-    @staticmethod
-    def _same_file(fd: int, path: str) -> bool:
-        """Whether ``fd`` is still the file at ``path`` (it was not unlinked meanwhile)."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return False
-        own = os.fstat(fd)
-        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
     @classmethod
     def _release(cls, fd: int, path: str) -> None:
@@ -245,7 +236,7 @@ class ShardCache:
 
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if cls._same_file(fd, path):
+            if same_file(fd, path):
                 os.unlink(path)
         except (BlockingIOError, FileNotFoundError):
             pass  # in use elsewhere: its last user removes it
@@ -315,7 +306,7 @@ class ShardCache:
                 except FileNotFoundError:
                     continue
                 if e.name.startswith(".tmp-"):
-                    if self._try_lock(e.path):  # nobody writes it: a dead download
+                    if lock_held(e.path) is False:  # nobody writes it: a dead download
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(e.path)
                         continue
@@ -334,7 +325,7 @@ class ShardCache:
             except BlockingIOError:
                 os.close(fd)
                 continue  # in use
-            if not self._same_file(fd, lock_path):  # its last user removed it: a new user holds the new one
+            if not same_file(fd, lock_path):  # its last user removed it: a new user holds the new one
                 os.close(fd)
                 continue
             try:
@@ -351,21 +342,6 @@ class ShardCache:
                 return True
         return False
 
-    @staticmethod
-    def _try_lock(path: str) -> bool:
-        import fcntl
-
-        try:
-            fd = open_private(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
 
 
 def cached_chunks(url: str, start: int, end: int | None, options: IOOptions,

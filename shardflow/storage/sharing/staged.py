@@ -45,7 +45,8 @@ from ..options import IOOptions
 from ..reading import retried_chunks
 from .areas import open_private
 from .staged_blocks import StagedObject
-from .staging import held_here, let_go, same_file, scope_of, unstaged
+from .areas import same_file
+from .staging import held_here, let_go, scope_of, unstaged
 from .staging_faults import disk_full, stall_seconds
 
 logger = logging.getLogger(__name__)
