@@ -22,6 +22,7 @@ from ..policy import ErrorPolicy
 from ..seeding import Seeder, restoring
 from ..state import ResumePoint
 from ..world import World, stable_seed
+from .warmstart import staged_io
 
 __all__ = ["units", "pipeline", "seeder_of", "runs_user_code", "sample_items", "batch_items", "unsized_batches"]
 
@@ -57,9 +58,7 @@ def pipeline(
     expanded = prepare.items if ds.expand is not None else None
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
-        job = storage.job_id(World.in_worker())  # pid and start time: a restarted job has its own area
-        io = storage.staging_for(io, ds.source.urls, (job, world.rank, world.world_size, epoch),
-                                 world.worker, world.num_workers)
+        io = staged_io(ds, world, epoch, world.worker, world.num_workers, in_worker=World.in_worker())
     if ds.sized:
         plan = ds.plan(epoch, world.rank, layout=resume.layout if resume is not None else (), batched=batching is not None)
         sizes, order = plan.batch_positions(ids)
