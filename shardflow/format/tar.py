@@ -158,8 +158,8 @@ class _Grouping:
     def __init__(self, url: str, starts: Collection[int] | None, sample_errors: str, limit: int | None, start: int) -> None:
         self.url, self.sample_errors, self.limit = url, sample_errors, limit
         self.closed = KeySet()  # memory per key bounded, whatever its length
-        self.bounds = _bounds(starts)
-        self._listed: list[int] | None = None  # the bounds as a sorted list, made when a member needs them
+        self.bounds = None if starts is None else np.asarray(starts, dtype=np.int64)  # sorted, as an index's are
+        self._listed: list[int] | None = None  # the bounds as a sorted list (bisect), made once a member needs them
         self.key: str | None = None
         self.fields: dict[str, bytes] | SampleError | None = {}
         self.offset, self.count, self.full = start, 0, False
@@ -178,17 +178,11 @@ class _Grouping:
         self.count += n
         return done
 
-    def starts(self) -> list[int] | None:
-        """The sample starts as a sorted list (for a lookup per member), or None without them:
-        made at the first call, so a shard read in grouped runs alone makes none (a set of an
-        index's 5,000 offsets costs 0.35 ms a shard, the list 0.05)."""
-        if self._listed is None and self.bounds is not None:
-            self._listed = sorted(self.bounds.tolist())
-        return self._listed
-
     def members(self, run: Iterable[Any]) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
         """The samples that the members of ``run`` complete (and bad ones, as ``sample_errors`` says)."""
-        url, sample_errors, limit, closed, at_start = self.url, self.sample_errors, self.limit, self.closed, self.starts()
+        if self._listed is None and self.bounds is not None:  # the first member that needs them (a set cost 0.35 ms)
+            self._listed = sorted(self.bounds.tolist())
+        url, sample_errors, limit, closed, at_start = self.url, self.sample_errors, self.limit, self.closed, self._listed
         key, fields, sample_offset, count = self.key, self.fields, self.offset, self.count
         try:
             for name, offset, data in run:  # a run is a list: no generator step per member
@@ -309,13 +303,6 @@ def _key_error(url: str, k: str, offset: int, inside: tuple[str, str] | None = N
         "must be adjacent in the tar (re-create the shard with `shardflow` or `tar --sort=name`)",
         reason="non_adjacent",
     )
-
-
-def _bounds(starts: Collection[int] | None) -> np.ndarray | None:
-    """``starts`` as int64 offsets (sorted, as an index's are), or None."""
-    if starts is None:
-        return None
-    return np.asarray(starts, dtype=np.int64)
 
 
 def _fits(run: SampleRun, key: str | None, bounds: np.ndarray) -> bool:
