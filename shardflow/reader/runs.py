@@ -56,8 +56,9 @@ def plan_runs(
     gaps = {} if gaps is None else gaps
     seg = plan.read_segment[positions].astype(np.int64)
     smp = plan.read_sample[positions]
-    order = np.lexsort((smp, seg))
-    seg, smp = seg[order], smp[order]
+    if len(seg) > 1 and not bool(((seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & (smp[1:] >= smp[:-1]))).all()):
+        order = np.lexsort((smp, seg))  # (read in order, the common case, needs none: 0.25 ms for 20,000)
+        seg, smp = seg[order], smp[order]
     for s in plan.segments:
         if s.shard not in gaps:
             gaps[s.shard] = read_through(source, s.shard)

@@ -31,7 +31,8 @@ class IOOptions:
             whenever a read makes progress. 0 disables retries.
         backoff: seconds before the first retry; doubled at each further retry of
             the same failure, capped at :data:`MAX_BACKOFF`.
-        block_size: bytes per read, and so the size of the chunks yielded.
+        block_size: bytes per read, and so the size of the chunks yielded (local files:
+            at most :data:`shardflow.storage.reading.LOCAL_READ`, 2 MiB).
         readahead: chunks buffered ahead by a background thread (0 = none).
         cache_dir: local directory caching whole remote shards, or ``None``.
         cache_limit: bytes; the cache evicts least recently used shards to stay
