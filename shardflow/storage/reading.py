@@ -14,7 +14,7 @@ from shardflow.accounting import count, is_shard_data
 from shardflow.errors import ManifestError, RemoteReadError, ShardflowError, redact, redact_cause
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
-from .errors import ShardChangedError, ShortReadError
+from .errors import ShardChangedError, ShortReadError, check_digest
 from .backends.filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
 from .readers import LocalReader, open_reader, open_regular
@@ -163,12 +163,7 @@ def retried_chunks(url: str, start: int, end: int | None, options: IOOptions,
             if hasher is not None:
                 hasher.update(chunk)
             yield chunk
-        if hasher is not None and hasher.hexdigest() != sha256:
-            raise ShardChangedError(
-                f"{url}: read whole, its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: the "
-                "object changed since it was indexed or while being read (the store sends no ETag or "
-                "Last-Modified that would tell)"
-            )
+        check_digest(url, hasher, sha256, " (the store sends no ETag or Last-Modified that would tell)")
     finally:
         if reader is not None:
             reader.close()

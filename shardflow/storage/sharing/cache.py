@@ -18,7 +18,7 @@ from typing import BinaryIO
 from shardflow.accounting import count
 from shardflow.errors import RemoteReadError, redact
 
-from ..errors import ShardChangedError
+from ..errors import ShardChangedError, check_digest
 from .areas import lock_held, open_private, own_file_size, private_folder, same_file
 from ..backends.filesystems import filesystem, fresh_info, has_validator, object_identity
 from ..options import IOOptions
@@ -405,9 +405,5 @@ def fill(tmp: str, fd: int, url: str, options: IOOptions, identity: Mapping[str,
                            "uncached", root, e.strerror, redact(url))
         _full_since[root] = time.monotonic()
         return None
-    if hasher is not None and hasher.hexdigest() != sha256:
-        raise ShardChangedError(
-            f"{url}: its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: the object changed "
-            "since it was indexed (not cached)"
-        )
+    check_digest(url, hasher, sha256, " (not cached)")
     return written

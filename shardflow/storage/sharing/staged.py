@@ -39,7 +39,7 @@ from dataclasses import replace
 
 from shardflow.errors import RemoteReadError, redact
 
-from ..errors import ShardChangedError
+from ..errors import check_digest
 from ..backends.filesystems import has_validator
 from ..options import IOOptions
 from ..reading import retried_chunks
@@ -339,11 +339,7 @@ class _Reader:
         # batch's samples read first, then the rest from the shard's start) reads them again
         for j in self.passed:
             obj.passed(j)
-        if hasher is not None and hasher.hexdigest() != sha256:
-            raise ShardChangedError(
-                f"{obj.url}: read whole, its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: "
-                "the object changed since it was indexed or while being read"
-            )
+        check_digest(obj.url, hasher, sha256, "")
 
     def _piece(self, j: int, pos: int, stop: int | None) -> bytes | None:
         """Bytes of block ``j`` from ``pos`` on that are written already (maybe none);
