@@ -335,7 +335,7 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
                        trust_manifest_urls=cfg.trust_manifest_urls)
     source: Any = cfg.source
     if isinstance(source, tuple):
-        from .source import Source
+        from .sources.source import Source
 
         source = [Source(**e) if isinstance(e, Mapping) else e for e in source]
     if cfg.resize is not None:
@@ -361,7 +361,7 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
 
 
 def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConfig, **overrides: Any) -> Any:
-    """Build the dataset and its :class:`~shardflow.loading.ShardLoader` from a config.
+    """Build the dataset and its :class:`~shardflow.loading.shardloader.ShardLoader` from a config.
 
     Args:
         cfg: a config, a YAML path or a mapping.
@@ -375,7 +375,7 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
     """
     import inspect
 
-    from .loading import ShardLoader, loader
+    from .loading.shardloader import ShardLoader, loader
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
     loader_args = set(inspect.signature(ShardLoader).parameters) - {"dataset"}

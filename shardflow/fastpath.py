@@ -10,9 +10,9 @@ every one of them is off:
   samples grouped in bulk (:func:`shardflow.format.tar.iter_samples`): every
   header goes through the general path of :mod:`shardflow.format.members`;
 * the block loop of :func:`shardflow.reader.read_planned`: every position alone;
-* graph records decoded and batched in one step (:mod:`shardflow.collation`):
+* graph records decoded and batched in one step (:mod:`shardflow.loading.collation`):
   graphs decode to ``Data``/``HeteroData`` and batch through the general collate;
-* the worker's slot pool and by-value tensors (:mod:`shardflow.transfer`): batches
+* the worker's slot pool and by-value tensors (:mod:`shardflow.loading.transfer`): batches
   travel the way torch sends them.
 
 The reader tests run both ways (``tests/conftest.py``'s ``fast_paths`` fixture).

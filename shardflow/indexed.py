@@ -42,7 +42,7 @@ from .format.frames import FrameTable
 from .format.tar import iter_samples
 from .policy import ErrorPolicy
 from .reader import Prepare, tag_source
-from .source import ShardSet, resolve_source
+from .sources.source import ShardSet, resolve_source
 from .storage.urls import SHARD_SUFFIXES
 from .transforms import map_fields
 

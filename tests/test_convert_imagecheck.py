@@ -1,4 +1,4 @@
-"""The header check of convert imagefolder (shardflow.convert.imagecheck): corrupt images are
+"""The header check of convert imagefolder (shardflow.convert.images.imagecheck): corrupt images are
 skipped and named in the manifest and the CLI summary, or refused with on_error='raise'; valid
 images of every format, and a JPEG with data after its end, pass. Real Pillow images."""
 
@@ -15,9 +15,9 @@ from PIL import Image
 import shardflow
 from shardflow.cli import main
 from shardflow.codecs.image import decode_image
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagecheck import check_image
-from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagecheck import check_image
+from shardflow.convert.images.imagefolder import convert_imagefolder
 from shardflow.errors import ConversionError
 from tests.helpers import tiny_image
 

@@ -1,4 +1,4 @@
-"""shardflow.dataloader: torch's worker-count warning is printed once, not twice (torch checks at
+"""shardflow.loading.dataloader: torch's worker-count warning is printed once, not twice (torch checks at
 construction and again at iter(), from two call sites)."""
 
 from __future__ import annotations
@@ -29,6 +29,6 @@ def test_worker_count_warning_once(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=300)
     assert out.stdout.split() == ["8", "8"]
     lines = [line for line in out.stderr.splitlines() if f"will create {many} worker processes" in line]
-    ours = [line for line in lines if os.path.join("shardflow", "dataloader.py") in line]
+    ours = [line for line in lines if os.path.join("shardflow", "loading", "dataloader.py") in line]
     assert len(lines) == 3, out.stderr  # once for shardflow's two epochs, twice for the plain DataLoader
     assert len(ours) == 1

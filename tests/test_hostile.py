@@ -24,7 +24,7 @@ from shardflow import DecodeOptions, IndexedShardDataset, IOOptions, ShardDatase
 from shardflow.errors import DecodeError, ManifestError, RemoteReadError, SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
-from shardflow.indexing import index_shards
+from shardflow.writing.indexing import index_shards
 from shardflow.inspect import verify
 
 from .helpers import make_shards, sample_key

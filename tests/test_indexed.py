@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import shardflow
 from shardflow.errors import ManifestError, ShardFormatError
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
-from shardflow.writer import ShardWriter, write_manifest
+from shardflow.writing.writer import ShardWriter, write_manifest
 from tests.helpers import handles_under
 
 SIZES = (37, 1, 50, 12, 37)  # shards of uneven size

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from shardflow import ShardDataset, reader
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.reader.phases import PHASE_RATIO, first_phase, read_planned_in_phases
 from shardflow.policy import ErrorPolicy
-from shardflow.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, worker_batches
+from shardflow.planning.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, worker_batches
 from tests.helpers import assert_resumes, make_shards
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"), pytest.mark.usefixtures("fast_paths")]

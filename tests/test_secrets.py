@@ -16,8 +16,8 @@ import pytest
 
 import shardflow
 from shardflow import IOOptions, ShardDataset, Source
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.lines import convert_lines
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.records.lines import convert_lines
 from shardflow.errors import RemoteReadError, ShardflowError
 from shardflow.errors import is_secret_name, redact, redact_options, redact_url
 

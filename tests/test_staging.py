@@ -1,5 +1,5 @@
 """A rank's DataLoader workers share remote fetches through its staging area
-(shardflow.storage.staging / staged): bytes and requests counted by the loopback
+(shardflow.storage.sharing.staging / staged): bytes and requests counted by the loopback
 HTTP server, samples compared with the 0-worker read and with the bytes written,
 a crashed fetcher taken over at the byte offset it reached, areas removed."""
 
@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 import shardflow
-from shardflow.storage import IOOptions, staged, staged_blocks, staging
-from shardflow.storage.staging import StagingScope
+from shardflow.storage import IOOptions
+from shardflow.storage.sharing import staged
+from shardflow.storage.sharing import staged_blocks
+from shardflow.storage.sharing import staging
+from shardflow.storage.sharing.staging import StagingScope
 
 FAST = IOOptions(backoff=0.0)
 REMOTE = ["http://127.0.0.1:1/train-000000.tar"]

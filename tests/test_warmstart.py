@@ -13,8 +13,10 @@ import pytest
 
 import shardflow
 from shardflow.dataset.warmstart import prefetch_first
-from shardflow.storage import IOOptions, staged_blocks, staging
-from shardflow.storage.staging import StagingScope
+from shardflow.storage import IOOptions
+from shardflow.storage.sharing import staged_blocks
+from shardflow.storage.sharing import staging
+from shardflow.storage.sharing.staging import StagingScope
 
 from tests.servers import wait_until
 from tests.test_staging import serve, tar_gets, write

@@ -1,4 +1,4 @@
-"""Tests for shardflow.writer: the manifest written once at close, the journal of
+"""Tests for shardflow.writing.writer: the manifest written once at close, the journal of
 finished shards (replayed when a writer never closed), no torch for bytes."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_bytes_only_writer_does_not_import_torch(tmp_path: Path) -> None:
 def test_writer_and_indexer_take_io_like_the_datasets(tmp_path: Path) -> None:
     """One name for the IO options object: ``io=`` (an IOOptions) or the
     ``storage_options=`` shortcut, on the writer and the indexer as on the datasets."""
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     # trust_manifest_urls: the manifest in idx/ lists the shards of d/ by absolute path
     io = shardflow.IOOptions(cache_dir=str(tmp_path / "uploads"), trust_manifest_urls=True)

@@ -65,7 +65,7 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
 
 
 def _imagefolder(args: argparse.Namespace) -> int:
-    from ..convert.imagefolder import convert_imagefolder, count_images
+    from ..convert.images.imagefolder import convert_imagefolder, count_images
 
     options = options_from_args(args)
     # A total for the ETA costs one scandir pass that keeps counts only; it is
@@ -181,7 +181,7 @@ def _pyg(args: argparse.Namespace) -> int:
 
 
 def _add_arrays(kinds: argparse._SubParsersAction) -> None:
-    from ..convert.arrays import IMAGE_FORMATS
+    from ..convert.records.arrays import IMAGE_FORMATS
 
     p = kinds.add_parser(
         "arrays",
@@ -204,7 +204,7 @@ def _add_arrays(kinds: argparse._SubParsersAction) -> None:
 
 
 def _arrays(args: argparse.Namespace) -> int:
-    from ..convert.arrays import convert_arrays, default_max_count, inspect_array
+    from ..convert.records.arrays import convert_arrays, default_max_count, inspect_array
 
     spec = inspect_array(args.src, args.array)
     options = options_from_args(args, max_count=args.max_count or default_max_count(spec))
@@ -251,7 +251,7 @@ def _add_lines(kinds: argparse._SubParsersAction) -> None:
 
 
 def _lines(args: argparse.Namespace) -> int:
-    from ..convert.lines import convert_lines
+    from ..convert.records.lines import convert_lines
 
     options = options_from_args(args)
     return run_converter(

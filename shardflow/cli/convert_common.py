@@ -53,11 +53,11 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
 
 
 def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:
-    """The :class:`~shardflow.convert.engine.ConvertOptions` of the shared shard options.
+    """The :class:`~shardflow.convert.engine.engine.ConvertOptions` of the shared shard options.
 
     ``max_count`` overrides ``--max-count`` (a converter that picks the shard size itself).
     """
-    from ..convert.engine import ConvertOptions
+    from ..convert.engine.engine import ConvertOptions
 
     return ConvertOptions(
         max_count=max_count if max_count is not None else args.max_count,

@@ -1,7 +1,7 @@
 """``shardflow convert parquet`` and ``shardflow convert lmdb``: the stores datasets come in.
 
-Argument parsing only; the converters are :mod:`shardflow.convert.parquet` and
-:mod:`shardflow.convert.lmdb`.
+Argument parsing only; the converters are :mod:`shardflow.convert.records.parquet` and
+:mod:`shardflow.convert.records.lmdb`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def add_parquet(kinds: argparse._SubParsersAction) -> None:
 
 
 def _parquet(args: argparse.Namespace) -> int:
-    from ..convert.parquet import convert_parquet, count_rows
+    from ..convert.records.parquet import convert_parquet, count_rows
 
     options = options_from_args(args)
     total = count_rows(args.src, storage_options(args.storage_option)) if sys.stderr.isatty() else None
@@ -89,7 +89,7 @@ def add_lmdb(kinds: argparse._SubParsersAction) -> None:
 
 
 def _lmdb(args: argparse.Namespace) -> int:
-    from ..convert.lmdb import convert_lmdb, count_entries
+    from ..convert.records.lmdb import convert_lmdb, count_entries
 
     options = options_from_args(args)
     total = count_entries(args.src) if sys.stderr.isatty() else None

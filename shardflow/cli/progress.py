@@ -31,7 +31,7 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> Itera
 def total_samples(url: str, io: IOOptions) -> int | None:
     """The number of samples of a dataset, for a bar's total: from its manifest, or
     None when there is none (the bar then counts without an end)."""
-    from ..source import resolve_source
+    from ..sources.source import resolve_source
 
     counts = resolve_source(url, io).counts
     return int(counts.sum()) if counts is not None else None

@@ -1,7 +1,7 @@
 """torch internals that shardflow uses, each with a public fallback.
 
 * ``torch._C._storage_Use_Count(storage._cdata)``: how many tensors use a
-  storage, so that :mod:`shardflow.transfer` reuses a buffer only when nothing
+  storage, so that :mod:`shardflow.loading.transfer` reuses a buffer only when nothing
   else reads it. Without it a buffer is never reused (the slot pool stays off).
 * ``TypedStorage._new_shared`` and ``._untyped_storage``: a tensor allocated in
   shared memory directly, as ``torch.utils.data.default_collate`` does. The

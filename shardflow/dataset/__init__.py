@@ -3,7 +3,7 @@
 (:mod:`.resumable`), and the contract with the loader: the two methods it calls
 (:mod:`.contract`) and the per-epoch object it talks to (:mod:`.epochrun`)."""
 
-from ..batching import Batching, WorkerItem
+from ..loading.batching import Batching, WorkerItem
 from ..state import STATE_VERSION
 from .epochrun import EpochRun
 from .streaming import ShardDataset, check_picklable_transform

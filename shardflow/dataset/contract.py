@@ -1,4 +1,4 @@
-"""The dataset's side of the loader contract: :class:`~shardflow.loading.ShardLoader` sets the
+"""The dataset's side of the loader contract: :class:`~shardflow.loading.shardloader.ShardLoader` sets the
 batching once, then asks for an :class:`~shardflow.dataset.epochrun.EpochRun` per epoch and
 talks to that."""
 
@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any
 
-from ..batching import Batching
+from ..loading.batching import Batching
 from .epochrun import EpochRun
 from .warmstart import prefetch_first
 
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class LoaderContract:
-    """The two methods :class:`~shardflow.loading.ShardLoader` calls (a mixin: the attributes
+    """The two methods :class:`~shardflow.loading.shardloader.ShardLoader` calls (a mixin: the attributes
     it reads are set by the dataset's constructor)."""
 
     def set_batching(self, batching: Batching | None, num_workers: int = 1, *, forked: bool = False) -> None:

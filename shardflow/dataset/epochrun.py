@@ -1,5 +1,5 @@
 """One loader epoch of a :class:`~shardflow.dataset.ShardDataset`: the whole contract between
-the dataset and :class:`~shardflow.loading.ShardLoader`.
+the dataset and :class:`~shardflow.loading.shardloader.ShardLoader`.
 
 The dataset hands the loader an :class:`EpochRun` (``dataset.epoch_run(...)``); the run owns
 what the epoch's iteration needs and produces: where it resumes, the batches taken per worker,
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..batching import WorkerItem
+from ..loading.batching import WorkerItem
 from ..errors import ShardflowError
 from ..policy import merge_snapshots
 from ..state import ResumePoint, build_state, layout_position
@@ -179,7 +179,7 @@ class EpochRun:
                 return dict(self._loaded)
             return build_state("ShardLoader", self.epoch, [], 0, self._config())
         resume = self.resume
-        if self.sized:  # the layout of the epoch: the same on every rank (see shardflow.elastic)
+        if self.sized:  # the layout of the epoch: the same on every rank (see shardflow.planning.elastic)
             step = (resume.step if resume is not None else 0) + sum(self._taken)
             remaining: list[Any] = layout_position(resume.layout if resume is not None else (), self.world_size, step)
             next_worker = 0

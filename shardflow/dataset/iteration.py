@@ -8,17 +8,16 @@ workers batch and collate) into the worker's pipeline.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .. import reader, storage
-from ..batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
-from ..collation import is_builtin, takes_graph_records
+from ..loading.batching import Batching, Primed, WorkerItem, close_iter, count_good, skip_items, stream_world, take
+from ..loading.collation import is_builtin, takes_graph_records
 from ..errors import ShardflowError
-from ..plan import shuffle_buffer, split_unsized, worker_batches
+from ..planning.plan import shuffle_buffer, split_unsized, worker_batches
 from ..policy import ErrorPolicy
 from ..seeding import Seeder, restoring
 from ..state import ResumePoint
@@ -87,7 +86,7 @@ class Iteration:
         expanded = prepare.items if self.expand is not None else None
         io = self.io
         if self.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
-            job = os.getppid() if World.in_worker() else os.getpid()
+            job = storage.job_id(World.in_worker())  # pid and start time: a restarted job has its own area
             io = storage.staging_for(io, self.source.urls, (job, world.rank, world.world_size, epoch),
                                      world.worker, world.num_workers)
         if self.sized:

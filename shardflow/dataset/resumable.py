@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..selection import selection_digest
+from ..planning.selection import selection_digest
 from ..state import MAX_STREAMS, ResumePoint, build_state, check_bounds, check_state, layout_position, parse_layout
 
 __all__ = ["Resumable"]
@@ -111,7 +111,7 @@ class Resumable:
     def _split_layout(self, stages_: list[tuple[int, int]]) -> tuple[tuple[tuple[int, int], ...], int]:
         """``(layout, step)`` of a saved layout at this world size: on the world of its
         last stage, continue that stage's plan at its step; on another, share out what
-        remains (:mod:`shardflow.elastic`) from step 0."""
+        remains (:mod:`shardflow.planning.elastic`) from step 0."""
         if stages_[-1][0] == self.world().world_size:
             return tuple(stages_[:-1]), stages_[-1][1]
         return tuple(stages_), 0

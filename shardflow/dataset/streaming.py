@@ -16,17 +16,25 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .. import storage
-from ..batching import Batching
+from ..loading.batching import Batching
 from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
-from ..elastic import resumed_plan
+from ..planning.elastic import resumed_plan
 from ..errors import MissingFieldError, ShardflowError
 from ..expand import Expand
-from ..mixing import mixture_of
-from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
+from ..planning.mixing import mixture_of
+from ..planning.plan import (
+    RankPlan,
+    ShuffleConfig,
+    SplitConfig,
+    plan_epoch,
+    rank_share,
+    select_plan,
+    split_unsized,
+)
 from ..seeding import generators
-from ..selection import Select, resolve_selection
+from ..planning.selection import Select, resolve_selection
 from ..policy import ErrorPolicy
-from ..source import ShardSet, Source, SourcePart, resolve_source
+from ..sources.source import ShardSet, Source, SourcePart, resolve_source
 from ..state import ResumePoint
 from ..transforms import map_fields
 from ..world import World
@@ -49,8 +57,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     :mod:`shardflow.codecs`). With a manifest, every rank gets exactly the same
     number of samples per epoch, and over an epoch the ranks and DataLoader
     workers together see every sample once (plus declared padding); see
-    :mod:`shardflow.plan` for the exact rules, :mod:`shardflow.mixing` for
-    weighted mixtures and :mod:`shardflow.elastic` for resuming on another
+    :mod:`shardflow.planning.plan` for the exact rules, :mod:`shardflow.planning.mixing` for
+    weighted mixtures and :mod:`shardflow.planning.elastic` for resuming on another
     world size. Use :func:`shardflow.loader` for batching with workers and for
     resumption with workers.
 
@@ -58,14 +66,14 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         source: a folder (its ``shardflow.json`` is read first; without one,
             its ``.tar*`` files), a manifest URL, a brace pattern or glob
             (``s3://b/train-{000000..000099}.tar``), parts joined by ``::``,
-            a :class:`~shardflow.source.Source`, or a list of sources (each
+            a :class:`~shardflow.sources.source.Source`, or a list of sources (each
             entry one source: a folder, manifest or shard URL used as given,
             or a ``Source``): their union, or with weights and
             ``samples_per_epoch`` a weighted mixture.
         shuffle: False keeps the stored order (shards in manifest/URL order,
             samples in file order); True shuffles shards per epoch and samples
             through a 1,000-sample buffer; an int sets the buffer size; or a
-            :class:`~shardflow.plan.ShuffleConfig`.
+            :class:`~shardflow.planning.plan.ShuffleConfig`.
         seed: seed of every shuffle; the order is a function of
             ``(seed, epoch)`` only, the same on every machine.
         decode: ``"numpy"`` (images as uint8 arrays, shape (H, W, 3)),
@@ -87,7 +95,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             how ranks get equal counts when ``N`` is not divisible by the world size.
         samples_per_epoch: train by steps: samples per rank per epoch, drawn
             from an endless stream of reshuffled passes (in a weighted mixture,
-            shared out by weight: :mod:`shardflow.mixing`).
+            shared out by weight: :mod:`shardflow.planning.mixing`).
         rank: this process's rank; default detected (``torch.distributed``,
             else ``RANK``/``WORLD_SIZE``, else 0).
         world_size: number of ranks; give with ``rank``.
@@ -107,7 +115,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             rank (equal sample and batch counts, each selected sample once per
             epoch, no repeats; ``len()`` counts the selection). Reads every
             shard's tar headers once, here; needs a manifest and offset indexes
-            (see :mod:`shardflow.selection`).
+            (see :mod:`shardflow.planning.selection`).
 
     Raises:
         FileNotFoundError: the source lists no shard.
@@ -317,7 +325,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         ``epoch`` matters with cost-bounded batches, whose count depends on the
         epoch's order (None: :attr:`epoch`), and for a resumed epoch. ``layout``: the
         earlier ``(world size, steps)`` stages of a resumed epoch (an elastic resume,
-        :mod:`shardflow.elastic`: the count is that of the resumed share); None: those
+        :mod:`shardflow.planning.elastic`: the count is that of the resumed share); None: those
         of a state loaded for that epoch, if any.
 
         Raises:
@@ -339,10 +347,10 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     def plan(
         self, epoch: int | None = None, rank: int | None = None, *, layout: tuple[tuple[int, int], ...] | None = None
     ) -> RankPlan:
-        """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only.
+        """The rank's plan for an epoch (see :mod:`shardflow.planning.plan`); sized only.
 
         ``layout``: the earlier ``(world size, steps)`` stages of a resumed epoch
-        (:mod:`shardflow.elastic`); None: those of a loaded state for that epoch, if any."""
+        (:mod:`shardflow.planning.elastic`); None: those of a loaded state for that epoch, if any."""
         counts = self._item_counts()
         if counts is None:
             raise TypeError("no plan without a manifest (see `shardflow index`)")

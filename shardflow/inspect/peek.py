@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import storage
 from ..format.tar import iter_samples
-from ..source import ShardSet, resolve_source
+from ..sources.source import ShardSet, resolve_source
 
 __all__ = ["head"]
 
@@ -25,7 +25,7 @@ def head(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.ShardSet`.
+            :class:`~shardflow.sources.source.ShardSet`.
         n: number of samples (fewer when the dataset is smaller).
         spread: pick samples evenly spaced over the whole dataset (needs sample
             counts from a manifest; without one the first ``n`` are taken).

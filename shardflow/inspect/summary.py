@@ -14,8 +14,8 @@ from ..codecs import DecodeOptions, decode_field
 from ..errors import SampleError, ShardflowError
 from ..format.keys import codec_extension
 from ..format.tar import iter_samples
-from ..mixing import epoch_quotas
-from ..source import ShardSet, resolve_source
+from ..planning.mixing import epoch_quotas
+from ..sources.source import ShardSet, resolve_source
 from .chunks import HashingChunks, strip_url
 from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs
 from .peek import head
@@ -176,7 +176,7 @@ def summarize(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.ShardSet` (a config's sources: each shard is
+            :class:`~shardflow.sources.source.ShardSet` (a config's sources: each shard is
             read with its source's own storage options merged over ``io``).
         keys: how many of the first keys to list.
         scan: True always scans, False never does (manifest facts only), None
@@ -209,7 +209,7 @@ def summarize(
         - ``first_keys``; ``meta`` (the manifest's, or ``{}``);
         - ``sources``: per source ``label``, ``shards``, ``samples`` (None when
           unknown), ``weight``, ``manifest``, and with weights and
-          ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.mixing`);
+          ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.planning.mixing`);
         - ``errors``: shards that could not be read while scanning, samples
           whose members could not be read (a member over its limit), and counts
           that disagree with the manifest (run :func:`verify` for details).

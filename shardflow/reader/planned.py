@@ -18,9 +18,9 @@ import numpy as np
 
 from .. import fastpath, storage
 from ..errors import SampleError, ShardflowError
-from ..plan import RankPlan
+from ..planning.plan import RankPlan
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .recovery import LOST, Recovery
 from .runs import RunTable
 from .streams import RunStreams

@@ -11,7 +11,7 @@ import numpy as np
 from .. import storage
 from ..errors import SampleError, ShardflowError, ShardFormatError
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .segments import close, open_shard
 
 __all__ = ["read_shards", "emit_in_order"]

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .. import storage
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .runs import RunTable
 from .segments import Opened, close, open_segment
 

@@ -12,7 +12,7 @@ from ..format.limits import DEFAULT_LIMITS, Limits
 from ..errors import redacted_repr
 
 if TYPE_CHECKING:
-    from .staging import StagingScope
+    from .sharing.staging import StagingScope
 
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
@@ -78,7 +78,7 @@ class IOOptions:
             host or port), without the URL's credentials, ``Authorization``,
             cookies or custom headers. Off by default: such a redirect is a
             ``RedirectError``. Redirects on the same host are followed, at most
-            :data:`~shardflow.storage.redirects.MAX_REDIRECTS` per request.
+            :data:`~shardflow.storage.backends.redirects.MAX_REDIRECTS` per request.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from .cache import cached_chunks
+from .sharing.cache import cached_chunks
 from .options import DEFAULT_OPTIONS, IOOptions
 from .read_ahead import readahead
 from .reading import check_range, retried_chunks
-from .staged import staged_chunks
+from .sharing.staged import staged_chunks
 from .urls import is_local
 
 __all__ = ["open_chunks"]
@@ -27,7 +27,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     read-ahead thread (``options.readahead`` chunks) starts at once, so a shard
     opened early is fetched while the previous one is consumed. With
     ``options.staging_scope`` set (a DataLoader worker, see
-    :mod:`shardflow.storage.staging`), the bytes come through the rank's staging
+    :mod:`shardflow.storage.sharing.staging`), the bytes come through the rank's staging
     area, fetched once for all of its workers.
 
     Args:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..filesystems import object_identity
+from ..backends.filesystems import object_identity
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
     import fsspec

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError
-from ..filesystems import fresh_info, object_identity, sync_within
+from ..backends.filesystems import fresh_info, object_identity, sync_within
 from .stream import StreamReader, range_total
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
