@@ -60,6 +60,11 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
+    parser.add_argument("--max-side", type=int, metavar="N",
+                        help="shrink images whose long side exceeds N pixels once, as they are packed (same format; "
+                        "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
+    parser.add_argument("--quality", type=int, default=90, metavar="Q",
+                        help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
@@ -88,6 +93,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         lambda update, client: convert_imagefolder(
             args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
             classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
+            max_side=args.max_side, quality=args.quality,
         ),
         summary,
         args=args,

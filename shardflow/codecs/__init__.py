@@ -105,6 +105,10 @@ class DecodeOptions:
             (``pip install shardflow[jpeg]``; same pixels as Pillow in the tests;
             see :func:`shardflow.codecs.image.decode_image` for what still goes
             through Pillow).
+        min_side: reduced decode: JPEGs decode at the largest libjpeg reduction (1/2, 1/4,
+            1/8) that keeps the short side at least this many pixels; the exact resize is the
+            transform's (:func:`shardflow.codecs.image.decode_image` says when pixels differ
+            from a full decode). None (default): full size. Other formats are unaffected.
         max_graph_nodes: the most nodes a ``pyg`` graph (a ``Data``, or one
             node type of a ``HeteroData``) may declare through ``num_nodes`` or
             node-level rows, or imply through its largest ``edge_index`` id;
@@ -123,6 +127,7 @@ class DecodeOptions:
     exif_transpose: bool = True
     allow_pickle: bool = False
     jpeg_decoder: str = "pillow"
+    min_side: int | None = None
     max_graph_nodes: int = MAX_GRAPH_NODES
     max_graph_edges: int = MAX_GRAPH_EDGES
     limits: Limits | None = None
@@ -145,6 +150,10 @@ class DecodeOptions:
                 raise ImportError(
                     "jpeg_decoder='simplejpeg' needs simplejpeg: pip install 'shardflow[jpeg]'"
                 ) from e
+        if self.min_side is not None and (
+            isinstance(self.min_side, bool) or not isinstance(self.min_side, int) or self.min_side < 1
+        ):
+            raise ValueError(f"min_side must be a positive int or None, got {self.min_side!r}")
         for name in ("max_graph_nodes", "max_graph_edges"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -379,6 +388,7 @@ def _dec_image(data: bytes, options: DecodeOptions) -> Any:
         max_pixels=options.max_pixels,
         exif_transpose=options.exif_transpose,
         jpeg_decoder=options.jpeg_decoder,
+        min_side=options.min_side,
     )
 
 

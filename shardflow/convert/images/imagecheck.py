@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ...codecs.resize import DEFAULT_QUALITY, shrink_image
 from ...errors import ConversionError, DecodeError
 from ..engine.groups import Skipped
 from .imageclasses import Descriptor
@@ -48,10 +49,17 @@ class BuildContext:
 
     tree: Tree
     on_error: str = "skip"
+    max_side: int | None = None
+    quality: int = DEFAULT_QUALITY
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.max_side is not None and (isinstance(self.max_side, bool) or not isinstance(self.max_side, int)
+                                          or self.max_side < 1):  # fmt: skip
+            raise ValueError(f"max_side must be a positive int or None, got {self.max_side!r}")
+        if isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be an int in 1..100, got {self.quality!r}")
 
 
 def _header_size(data: bytes) -> tuple[int, int]:
@@ -118,6 +126,17 @@ def check_image(data: bytes) -> str | None:
     return None  # data appended after a complete image
 
 
+def _shrunk(data: bytes, ctx: BuildContext) -> tuple[bytes, str | None]:
+    """``(bytes to store, None)``: the image shrunk to ``ctx.max_side`` when its long side exceeds
+    it (:func:`~shardflow.codecs.resize.shrink_image`), else as it is; ``(data, reason)`` when
+    Pillow cannot decode it after all (a corrupt image, under ``on_error``)."""
+    try:
+        smaller = shrink_image(data, ctx.max_side, ctx.quality)
+    except DecodeError as e:
+        return data, f"corrupt image: {e}"
+    return (data if smaller is None else smaller), None
+
+
 def _read_in_order(tree: Tree, descriptors: list[Descriptor]) -> Iterator[bytes]:
     """The files' bytes in order; from a bucket :data:`READ_THREADS` objects at a time."""
     if isinstance(tree, LocalTree):
@@ -149,6 +168,8 @@ def build(descriptors: list[Descriptor], ctx: BuildContext) -> Iterator[Any]:
                 f"{tree.url(rel)}: changed during the conversion ({size} bytes when listed, {len(data)} when read)"
             )
         why = check_image(data)
+        if why is None and ctx.max_side is not None:
+            data, why = _shrunk(data, ctx)
         if why is None:
             yield key, {field: data, "cls": b"%d" % idx}
             continue

@@ -49,6 +49,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from ...codecs.resize import DEFAULT_QUALITY
 from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
@@ -194,6 +195,8 @@ def convert_imagefolder(
     classes_from: str | os.PathLike[str] | Mapping[str, int] | list[str] | None = None,
     on_error: str = "skip",
     follow_links: bool = False,
+    max_side: int | None = None,
+    quality: int = DEFAULT_QUALITY,
 ) -> Manifest:
     """Convert an ImageFolder tree into tar shards plus ``shardflow.json``.
 
@@ -225,6 +228,9 @@ def convert_imagefolder(
         on_error: a corrupt image: ``"skip"`` (named in ``meta.skipped``, with
             a warning) or ``"raise"``.
         follow_links: follow symlinked directories that lead out of the tree.
+        max_side: shrink images with a longer side once, as they are packed
+            (:mod:`shardflow.codecs.resize`); smaller ones are kept byte for byte.
+        quality: JPEG/WebP quality (1..100) of the images ``max_side`` re-encodes.
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
@@ -236,7 +242,7 @@ def convert_imagefolder(
         (hidden directories, symlinks into or out of the tree, loops),
         ``ignored`` (the first 1,000 of both, ``{"path", "reason"}``), and
         ``skipped_count`` / ``skipped`` (corrupt images left out, named with the
-        reason, the first 1,000).
+        reason, the first 1,000); with ``max_side``, ``resize`` (``{"max_side", "quality"}``).
 
     Raises:
         ConversionError: ``src`` has no class folder; some classes have no
@@ -251,7 +257,7 @@ def convert_imagefolder(
     src = os.fspath(src)
     dst = os.fspath(dst)
     exts = _normalize_extensions(extensions)
-    ctx = BuildContext(open_tree(src, options.io, follow_links), on_error)
+    ctx = BuildContext(open_tree(src, options.io, follow_links), on_error, max_side, quality)
     _check_destination(src, dst)
     tree = ctx.tree
     ignored = Ignored()
@@ -264,10 +270,7 @@ def convert_imagefolder(
     classes = list(class_to_idx)
     _check_empty(where, tree, classes, exts, client, allow_empty)
     walk = ClassWalk(tree, classes, list(class_to_idx.values()), exts, client, ignored)
-    source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
-    meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
-    if given is not None:
-        meta["classes_from"] = origin
+    meta, identity = _meta(tree, class_to_idx, exts, origin if given is not None else None, ctx)
     return run_conversion(
         dst,
         walk.descriptors(),
@@ -277,9 +280,22 @@ def convert_imagefolder(
         meta_at_end=walk.summary,
         options=options,
         progress=progress,
-        identity={"converter": "imagefolder", "source": source},
+        identity=identity,
         client=client,
     )
+
+
+def _meta(tree: Tree, class_to_idx: dict[str, int], exts: frozenset[str], classes_from: str | None,
+          ctx: BuildContext) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The manifest's ``meta`` at the start, and the identity a re-run must match to keep shards."""
+    source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
+    meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
+    if classes_from is not None:
+        meta["classes_from"] = classes_from
+    identity: dict[str, Any] = {"converter": "imagefolder", "source": source}
+    if ctx.max_side is not None:
+        meta["resize"] = identity["resize"] = {"max_side": ctx.max_side, "quality": ctx.quality}
+    return meta, identity
 
 
 def _given_classes(
