@@ -24,6 +24,7 @@ import multiprocessing.process
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -240,6 +241,10 @@ PROCESS_TESTS = {
         test_same_series_after_a_killed_writer_is_a_rerun
         test_writer_after_a_killed_writer_keeps_its_shards
     """,
+    "test_image_sizes": """
+        test_cli_max_side test_convert_max_side_shrinks_big_images_keeps_small_ones
+        test_convert_without_max_side_is_unchanged_and_a_changed_setting_rewrites test_dataset_min_side
+    """,
     "test_cli_startup": """
         test_a_command_imports_only_its_own_module
         test_help_imports_neither_torch_numpy_fsspec_nor_a_command_module
@@ -287,6 +292,16 @@ def mark(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def _not_a_library_probe(*_: Any) -> bool:
+    """False for ``ctypes.util.find_library``'s ``ldconfig -p``, which a first import may run."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("ctypes", "util.py")):
+            return False
+        frame = frame.f_back
+    return True
+
+
 class Watch:
     """Records, per test, the processes it starts and the sockets it listens on."""
 
@@ -297,7 +312,7 @@ class Watch:
     def install(self) -> None:
         """Wrap the calls that start a process or a server (for this test session)."""
         self._wrap(os, "fork", "os.fork")
-        self._wrap(subprocess.Popen, "__init__", "subprocess.Popen")
+        self._wrap(subprocess.Popen, "__init__", "subprocess.Popen", _not_a_library_probe)
         self._wrap(multiprocessing.process.BaseProcess, "start", "multiprocessing start")
         self._wrap(socket.socket, "listen", "socket listen", lambda sock, *_: sock.family != socket.AF_UNIX)
 
