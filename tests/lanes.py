@@ -13,9 +13,10 @@
   :data:`SLOW_TESTS`, moved out of the quick lane.
 
 The quick lane is ``python -m pytest -q -m "not process and not server and not slow"``
-(docs/testing.md). With ``SHARDFLOW_CHECK_MARKS=1`` in the environment, a test without these
-marks that starts a process or listens on an inet socket (a server) is named at the end of the
-run, and the run fails: run the quick lane that way after adding tests.
+(docs/testing.md). With ``SHARDFLOW_CHECK_MARKS=1`` in the environment, a test that starts a
+process without the ``process`` mark, or listens on an inet socket (a server) without the
+``server`` mark, is named at the end of the run, and the run fails: run the quick lane that way
+after adding tests.
 """
 
 from __future__ import annotations
@@ -328,10 +329,16 @@ class Watch:
         setattr(owner, attr, wrapped)
 
     def check(self, item: pytest.Item) -> None:
-        """Note ``item`` if it started something its marks do not declare."""
-        seen, self.seen[:] = list(self.seen), []
-        if seen and not any(item.get_closest_marker(m) for m in ("process", "server", "slow")):
-            self.unmarked[item.nodeid] = sorted(set(seen))
+        """Note ``item`` if it started a process without the ``process`` mark, or listened on an
+        inet socket without the ``server`` mark."""
+        seen, self.seen[:] = set(self.seen), []
+        missing = [
+            what
+            for what in sorted(seen)
+            if not item.get_closest_marker("server" if what == "socket listen" else "process")
+        ]
+        if missing:
+            self.unmarked[item.nodeid] = missing
 
 
 WATCH = Watch() if os.environ.get(ENV, "") not in ("", "0") else None
