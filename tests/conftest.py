@@ -1,6 +1,6 @@
 from tests.servers import *  # noqa: F403 - shared server fixtures
 from tests.emulators import *  # noqa: F403 - GCS and Azure emulator fixtures
-from tests.lanes import pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 - hooks
+from tests.lanes import pytest_runtest_protocol, pytest_sessionfinish  # noqa: F401 - hooks
 
 
 import gc  # noqa: E402
@@ -51,3 +51,14 @@ def others_garbage_collected():
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that use a server or start processes (tests/lanes.py), for the quick lane."""
     lanes.mark(items)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Name the emulators that were missing and how to install them: ``pytest -q`` shows a skip
+    as an ``s`` only (tests/emulators.py). Under ``SHARDFLOW_CHECK_MARKS=1``, name the tests that
+    started a process or a server without its mark (tests/lanes.py)."""
+    from tests.emulators import MISSING
+
+    for message in sorted(MISSING):
+        terminalreporter.write_line(f"note: {message}")
+    lanes.summary(terminalreporter)

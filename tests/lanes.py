@@ -356,8 +356,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         WATCH.check(item)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Name the unmarked tests that started a process or a server."""
+def summary(terminalreporter: Any) -> None:
+    """Name the tests that started a process or a server without its mark (from the conftest's
+    ``pytest_terminal_summary``)."""
     if WATCH is None:
         return
     terminalreporter.section(f"{ENV}: unmarked tests that started a process or a server")

@@ -14,9 +14,11 @@ import json
 import sys
 from typing import Any
 
+from ..policy import CONVERT_ON_ERROR
 from .convert_common import add_shard_options, options_from_args, run_converter
 from .convert_common import rate as _rate
 from .convert_stores import add_lmdb, add_parquet
+from .shown import shown
 from .units import counted
 
 KINDS = ("imagefolder", "pyg", "arrays", "lines", "parquet", "lmdb")
@@ -56,7 +58,7 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
         help="class indices of another dataset (its folder or manifest: meta.class_to_idx) or of a JSON / text "
         "list of class names, e.g. the training set's for a val split; a class folder not in it is an error",
     )  # fmt: skip
-    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+    parser.add_argument("--on-error", choices=CONVERT_ON_ERROR, default="skip",
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
@@ -85,7 +87,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         line = (
             f"{counted(n, 'sample')}, {counted(len(manifest.meta['class_to_idx']), 'class', 'classes')}, "
             f"{counted(len(manifest.shards), 'shard')} "
-            f"{_rate(n, seconds, 'files')} -> {args.dst}"
+            f"{_rate(n, seconds, 'files')} -> {shown(args.dst)}"
         )
         return line + left_out(manifest.meta)
 
@@ -118,7 +120,7 @@ def left_out(meta: dict[str, Any]) -> str:
         if not count:
             continue
         lines.append(f"{what}: {count}")
-        lines += [f"  {e['path']}: {e['reason']}" for e in entries[:SHOWN]]
+        lines += [f"  {shown(e['path'])}: {shown(e['reason'])}" for e in entries[:SHOWN]]
         if count > min(len(entries), SHOWN):
             lines.append(f"  ... and {count - min(len(entries), SHOWN)} more (meta.{what.split()[0]} in the manifest)")
     return "".join("\n" + line for line in lines)
@@ -175,7 +177,7 @@ def _pyg(args: argparse.Namespace) -> int:
         lambda update, client: convert_graphs(
             dataset, args.dst, spec=spec, field=field_name, options=options, progress=update, client=client
         ),
-        lambda m, s: f"{m.num_samples} graphs of {spec.describe()} -> {counted(len(m.shards), 'shard')} in {args.dst}",
+        lambda m, s: f"{m.num_samples} graphs of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
         desc="graphs",
         unit="graph",
@@ -226,7 +228,7 @@ def _arrays(args: argparse.Namespace) -> int:
             progress=update,
             client=client,
         ),
-        lambda m, s: f"{m.num_samples} rows of {spec.describe()} -> {counted(len(m.shards), 'shard')} in {args.dst}",
+        lambda m, s: f"{m.num_samples} rows of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
         desc="rows",
         unit="row",
@@ -265,8 +267,8 @@ def _lines(args: argparse.Namespace) -> int:
             args.src, args.dst, json_lines=args.json_lines, options=options, progress=update, client=client
         ),
         lambda m, s: (
-            f"{m.num_samples} samples from {m.meta.get('lines')} lines of {args.src} -> "
-            f"{counted(len(m.shards), 'shard')} in {args.dst}"
+            f"{m.num_samples} samples from {m.meta.get('lines')} lines of {shown(args.src)} -> "
+            f"{counted(len(m.shards), 'shard')} in {shown(args.dst)}"
         ),
         args=args,
         desc="lines",

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..errors import redact
 from .options import storage_options
 from .progress import progress_bar
 
@@ -133,7 +134,7 @@ def run_converter(
     if progress.shards_kept:
         n = progress.shards_kept
         line += f" (kept {n} finished shard{'s' if n != 1 else ''} of an earlier run)"
-    print(line)
+    print(redact(line))  # the names in it are escaped by each summary (shardflow.cli.shown)
     return 0
 
 

@@ -23,8 +23,11 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> Itera
         yield lambda n: None
         return
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr) as bar:
+    # log lines go above the bar (tqdm.write), not into it
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr) as bar, \
+            logging_redirect_tqdm():
         yield bar.update
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
+from shardflow import fastpath
 from shardflow.codecs.jpeg import decode_jpeg_pillow, decode_jpeg_simplejpeg, jpeg_scale, read_jpeg_header
 from shardflow.codecs.modes import is_high_bit, sample_depth, to_mode
 from shardflow.errors import DecodeError
@@ -159,7 +160,7 @@ def decode_image(
             if fast is not None:
                 return fast if form == "numpy" else _chw_tensor(fast)
 
-    img = _load_jpeg(data, max_pixels, exif_transpose, min_side) if form != "pil" else None
+    img = _load_jpeg(data, max_pixels, exif_transpose, min_side) if form != "pil" and fastpath.enabled("jpeg") else None
     depth = None
     if img is None:
         img = _load(data, max_pixels, min_side)

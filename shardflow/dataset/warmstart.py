@@ -51,13 +51,14 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     world = ds.world()
     # the key a forked worker computes: its parent's (this) job, rank, world size, epoch
     io = storage.staging_for(ds.io, ds.source.urls, (storage.job_id(False), world.rank, world.world_size, epoch), 0, num_workers)
-    if io.staging_scope is None:
+    scope = storage.scope_of(io)
+    if scope is None:
         return
     plan = ds.plan(epoch, world.rank)
     shards = _first_shards(plan, ds.source, min(num_workers, plan.num_batches))
     if not shards:
         return
-    users = storage.enter_area(io.staging_scope)  # no sweep removes the area before the workers enter it
+    users = storage.enter_area(scope)  # no sweep removes the area before the workers enter it
     fetches = []
     try:
         for shard in shards:

@@ -11,13 +11,13 @@ from typing import Any
 
 from .. import storage
 from ..codecs import DecodeOptions, decode_field
-from ..errors import SampleError, ShardflowError
+from ..errors import SampleError, ShardflowError, redact
 from ..format.keys import codec_extension
 from ..format.tar import iter_samples
 from ..planning.mixing import epoch_quotas
 from ..sources.source import ShardSet, resolve_source
 from .chunks import HashingChunks, strip_url
-from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs
+from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs, missing_extra
 from .peek import head
 from .pool import Progress, Ticker, default_workers, map_shards, preload
 
@@ -82,7 +82,10 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
                     add_graph(acc, graph_record(decode_field(name, data, decode_options)))
                 except ShardflowError as e:
                     acc["errors"] = acc.get("errors", 0) + 1
-                    log.debug("%s: sample %r: %s", task.url, key, e)
+                    missing = missing_extra(e)
+                    if missing:  # torch_geometric is not installed: say so, with the extra
+                        acc["missing"] = missing
+                    log.debug("%s: sample %r: %s", redact(task.url), key, e)
         raw.drain()
     except ShardflowError as e:
         res.error = f"{task.url}: {strip_url(str(e), task.url)}"

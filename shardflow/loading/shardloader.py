@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from torch.utils.data import DataLoader as TorchDataLoader
+
 from .collation import collate as default_collate
-from ..compat.torch import shutdown_workers
+from ..compat.torch import drop_iterator, shutdown_workers
 from .dataloader import DataLoader  # torch's, warning once about the worker count
 from .batching import Batching, WorkerItem
 from ..dataset import EpochRun, ShardDataset
 from ..errors import ShardflowError, StateError
 from . import transfer
 
-__all__ = ["loader", "ShardLoader"]
+__all__ = ["loader", "ShardLoader", "WORKER_ONLY", "options"]
+
+WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
+"""DataLoader keywords that only mean something with workers (ignored with ``num_workers=0``)."""
 
 
-class ShardLoader:
-    """Batches from a :class:`ShardDataset` through a ``torch.utils.data.DataLoader``.
+class ShardLoader(DataLoader):
+    """Batches from a :class:`ShardDataset`: a ``torch.utils.data.DataLoader`` whose workers
+    read, decode, transform and collate whole batches.
 
-    Workers read, decode, transform and collate whole batches; the loader
-    yields them in the DataLoader's order and keeps track of which batches the
-    training loop has received, for :meth:`state_dict`.
+    It is a DataLoader (``isinstance(loader, torch.utils.data.DataLoader)``), as PyG's and
+    LitData's loaders are: every DataLoader keyword (``num_workers``, ``pin_memory``,
+    ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``, ``timeout``,
+    ``worker_init_fn``, ``generator``, ...) passes through with torch's meaning and default.
+    The loader yields the batches in the DataLoader's order and keeps track of which
+    batches the training loop has received, for :meth:`state_dict`.
+    :func:`shardflow.loader` builds the same loader with the same defaults.
 
     With a manifest, ``len(loader)`` is the number of batches every rank
     yields per epoch, the same for every ``num_workers``; ``drop_last`` drops
@@ -34,17 +45,15 @@ class ShardLoader:
 
     Args:
         dataset: the :class:`ShardDataset` to read.
-        batch_size: samples per batch.
-        num_workers: DataLoader worker processes per rank (0: read in this process).
+        batch_size: samples per batch (default 64). The workers batch: torch's own
+            batching is off (the DataLoader is given ``batch_size=None``), while
+            :attr:`batch_size` and :attr:`drop_last` read the loader's.
         drop_last: drop each rank's last incomplete batch.
         collate_fn: ``collate_fn(list of samples) -> batch``, run in the
             workers; default :func:`shardflow.loading.collation.collate` (dicts of
             stacked tensors, PyG ``Batch`` for graphs, lists for strings).
-        persistent_workers: keep workers alive between epochs.
-        pin_memory: pin batches in page-locked memory (for CUDA copies).
-        prefetch_factor: batches prefetched per worker (DataLoader's default 2).
-        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
-        timeout: seconds to wait for a batch from a worker (0: forever).
+            It is :attr:`batching`'s ``collate``; the DataLoader's own
+            ``collate_fn`` attribute stays torch's per-item default.
         max_cost: batch by cost instead of count: a batch takes samples while
             their summed ``cost`` stays within ``max_cost`` (and at most
             ``batch_size`` samples); for graph datasets whose sizes vary by
@@ -56,55 +65,70 @@ class ShardLoader:
         cost: the per-sample size an int ``max_cost`` sums, a column of the
             manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
             shards.
+        **kwargs: torch ``DataLoader`` keywords. Without workers
+            (``num_workers=0``), ``persistent_workers``, ``prefetch_factor`` and
+            ``multiprocessing_context`` are ignored (torch would refuse them).
+
+    Raises:
+        TypeError: ``dataset`` is not a :class:`ShardDataset`, or a keyword neither
+            this loader nor torch's DataLoader takes.
+        ValueError: ``batch_size < 1``, ``num_workers < 0``, ``in_order=False`` (the
+            batches must arrive in the plan's order), or what torch refuses for an
+            iterable dataset (``shuffle``, ``sampler``, ``batch_sampler``).
     """
 
     def __init__(
         self,
         dataset: ShardDataset,
-        batch_size: int,
+        batch_size: int = 64,
         *,
-        num_workers: int = 0,
         drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
-        prefetch_factor: int | None = None,
-        multiprocessing_context: Any = None,
-        timeout: float = 0,
         max_cost: int | Mapping[str, int] | None = None,
         cost: str = "num_nodes",
+        **kwargs: Any,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"shardflow.loader needs a ShardDataset, got {type(dataset).__name__}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        num_workers = kwargs.get("num_workers", 0)
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.drop_last = drop_last
-        self.collate_fn = collate_fn or default_collate
-        dataset.set_batching(Batching(batch_size, drop_last, self.collate_fn, max_cost, cost), num_workers,
-                             forked=num_workers > 0 and _start_method(multiprocessing_context) == "fork")
-        self._dl_kwargs: dict[str, Any] = {
-            "batch_size": None,
-            "num_workers": num_workers,
-            "pin_memory": pin_memory,
-            "timeout": timeout,
-        }
-        if num_workers > 0:
-            self._dl_kwargs["persistent_workers"] = persistent_workers
-            if prefetch_factor is not None:
-                self._dl_kwargs["prefetch_factor"] = prefetch_factor
-            if multiprocessing_context is not None:
-                self._dl_kwargs["multiprocessing_context"] = multiprocessing_context
-        self._dl: DataLoader | None = None
+        if kwargs.get("in_order", True) is False:
+            raise ValueError("in_order=False is not supported: the loader's position counts batches in plan order")
+        if num_workers == 0:
+            for name in WORKER_ONLY:
+                kwargs.pop(name, None)
+        self.batching = Batching(batch_size, drop_last, collate_fn or default_collate, max_cost, cost)
         self._run: EpochRun | None = None  # the epoch being iterated, or the last one
         self._pending: EpochRun | None = None  # loaded by load_state_dict, not iterated yet
         self._active = False
+        self._restart = False  # load_state_dict: the next iter() starts new workers
         self._pools: set[int] = set()  # the workers' batch buffer pools mapped here (shardflow.loading.transfer)
+        super().__init__(dataset, batch_size=None, **kwargs)
+        dataset.set_batching(self.batching, num_workers,
+                             forked=num_workers > 0 and _start_method(self.multiprocessing_context) == "fork")
         weakref.finalize(self, transfer.forget, self._pools)
+
+    @property  # type: ignore[override]
+    def batch_size(self) -> int:
+        """Samples per batch (the workers batch; torch's DataLoader batches nothing itself)."""
+        return self.batching.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        # torch's __init__ assigns the None given to it (and refuses any later assignment)
+        pass
+
+    @property  # type: ignore[override]
+    def drop_last(self) -> bool:
+        """Whether each rank's last incomplete batch is dropped."""
+        return self.batching.drop_last
+
+    @drop_last.setter
+    def drop_last(self, value: Any) -> None:
+        pass  # as batch_size's
 
     @property
     def workers(self) -> int:
@@ -127,12 +151,14 @@ class ShardLoader:
             return self._pending
         return self.dataset.epoch_run(self.workers, after=self._run)
 
-    def _dataloader(self, fresh: bool) -> DataLoader:
-        if self._dl is None or fresh:
-            transfer.forget(self._pools)  # the workers of an earlier DataLoader send no more
+    def _start_workers(self, fresh: bool) -> Iterator[Any]:
+        """torch's iterator of worker items; ``fresh``: new workers even when persistent (a
+        resumed epoch: they copy its resume point as they start)."""
+        if fresh:
+            drop_iterator(self)  # the persistent workers stop now
+            transfer.forget(self._pools)  # the workers of an earlier iterator send no more
             self._pools.clear()
-            self._dl = DataLoader(self.dataset, **self._dl_kwargs)
-        return self._dl
+        return super().__iter__()
 
     def __iter__(self) -> Iterator[Any]:
         return self._batches()
@@ -144,12 +170,13 @@ class ShardLoader:
         self._pending = None
         self._run = run
         with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
-            it = iter(self._dataloader(fresh=run.resumed))
+            it = self._start_workers(fresh=run.resumed or self._restart)
+            self._restart = False
         self._active = True
         last: Any = None
         owed = 0  # planned batches whose samples were all dropped, before any batch arrived
         again = 0  # samples yielded again in the repeated batches
-        shared = self.num_workers > 0 and bool(self._dl_kwargs.get("persistent_workers"))
+        shared = self.num_workers > 0 and self.persistent_workers
         try:
             while True:
                 if shared and self._run is not run:  # the one DataLoader iterator serves the later run now
@@ -188,7 +215,7 @@ class ShardLoader:
             if self._run is run:
                 self._active = False
             run.close()
-            if self.num_workers > 0 and not self._dl_kwargs.get("persistent_workers"):
+            if self.num_workers > 0 and not self.persistent_workers:
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
                 shutdown_workers(it)
@@ -229,7 +256,7 @@ class ShardLoader:
         if self._active:
             raise StateError("load_state_dict() while an iteration is running; load before iterating")
         self._pending = self.dataset.epoch_run(self.workers, state=state)
-        self._dl = None  # persistent workers must restart to see the resume point
+        self._restart = True  # persistent workers must restart to see the resume point
 
 
 def _start_method(context: Any) -> str:
@@ -247,15 +274,25 @@ def batch_samples(batch: Any) -> int:
 
 
 def loader(dataset: ShardDataset, batch_size: int = 64, **options: Any) -> ShardLoader:
-    """Build a :class:`ShardLoader`: a DataLoader with the right settings.
+    """Build a :class:`ShardLoader`: ``ShardLoader(dataset, batch_size, **options)``, the
+    same defaults.
 
     Args:
         dataset: the :class:`ShardDataset` to read.
         batch_size: samples per batch.
-        **options: the keyword arguments of :class:`ShardLoader` (``num_workers``,
-            ``drop_last``, ``collate_fn``, ``max_cost``, ...).
+        **options: the keyword arguments of :class:`ShardLoader` (``drop_last``,
+            ``collate_fn``, ``max_cost``, ``cost``) and of torch's ``DataLoader``
+            (``num_workers``, ``pin_memory``, ``prefetch_factor``, ...).
 
     Returns:
         The loader; iterate it, ``len()`` it, ``state_dict()`` it.
     """
     return ShardLoader(dataset, batch_size, **options)
+
+
+def options() -> frozenset[str]:
+    """The keyword names :class:`ShardLoader` takes: its own and torch ``DataLoader``'s
+    (without ``dataset``)."""
+    own = set(inspect.signature(ShardLoader.__init__).parameters) - {"self", "kwargs"}
+    torch_ = set(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
+    return frozenset((own | torch_) - {"dataset"})

@@ -22,11 +22,12 @@ from dataclasses import replace
 from typing import Any
 
 from .. import storage
-from ..errors import ManifestError, SourceError
+from ..errors import ManifestError, SourceError, redact
 from ..format.journal import manifest_from_journal
-from ..format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts
+from ..format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo
 from .shardset import ShardSet, Source, SourcePart, listed_url, read_all
 from ..storage.writing.folder import verify_shard
+from .listed import check_listed, refuse_unfinished
 from ..storage.urls import local_path
 from ..urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
@@ -40,14 +41,14 @@ def load_manifest(url: str, options: storage.IOOptions) -> Manifest:
 
     Raises:
         ManifestError: unreadable or invalid, or a shard declares more samples
-            than its size can hold (see :func:`~shardflow.format.manifest.check_counts`).
+            than its size can hold (see :func:`~shardflow.sources.listed.check_listed`).
     """
     try:
         data = read_all(url, options)
     except FileNotFoundError as e:
         raise ManifestError(f"{url}: manifest not found") from e
     manifest = Manifest.loads(data, url=url)
-    check_counts(manifest, options.limits)
+    check_listed(manifest, options)
     return manifest
 
 
@@ -61,6 +62,7 @@ def _from_manifest(
     manifest: Manifest, murl: str, options: storage.IOOptions, urls: Sequence[str] | None = None
 ) -> ShardSet:
     folder = parent_url(murl)
+    refuse_unfinished(folder, manifest, options)
     chosen: list[ShardInfo]
     if urls is None:
         chosen = list(manifest.shards)
@@ -114,7 +116,7 @@ def _folder_manifest(folder: str, options: storage.IOOptions) -> Manifest | None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     manifest = Manifest.loads(data, url=murl)
-    check_counts(manifest, options.limits)
+    check_listed(manifest, options)
     return manifest
 
 
@@ -137,10 +139,11 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
             folder = os.path.abspath(local_path(source)) if storage.is_local(source) else None
             verify = (lambda s: verify_shard(folder, s)) if folder else None
             manifest = manifest_from_journal(read_all(journal, options), murl, verify)
-            check_counts(manifest, options.limits)
+            check_listed(manifest, options)
             log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
-                        source, len(manifest.shards))
+                        redact(source), len(manifest.shards))
             return _from_manifest(manifest, murl, options)
+        refuse_unfinished(source, None, options)  # a writer's shards, before its manifest
         found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
         if not found:
             raise FileNotFoundError(f"{source}: no shardflow.json and no .tar shards in this folder")
@@ -148,22 +151,31 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
     elif as_given:
         urls = [source]
     else:
-        _refuse_missing_folder(source)
+        _refuse_missing_folder(source, options)
         urls = expand_urls(source, options.storage_options)
     if not urls:
         raise FileNotFoundError("the source lists no shards")
+    for folder in sorted({parent_url(u) for u in urls if storage.is_local(u)}):
+        refuse_unfinished(folder, None, options)  # shards a writer holds: a manifest or not
     return _sibling_manifest(urls, options, cache) or ShardSet(urls, None, [None] * len(urls))
 
 
-def _refuse_missing_folder(source: str) -> None:
-    """Raise now for a local path that names no file, folder or pattern (a misspelt folder),
-    rather than when its one "shard" is first read.
+def _refuse_missing_folder(source: str, options: storage.IOOptions) -> None:
+    """Raise now for a path or URL that names no file, folder or pattern (a misspelt folder,
+    bucket or prefix), rather than when its one "shard" is first read.
 
     Raises:
-        FileNotFoundError: ``source`` is a local path without a shard suffix, a glob or a
-            brace pattern, and nothing exists there.
+        FileNotFoundError: ``source`` has no shard suffix, glob or brace pattern, and nothing
+            exists there (a remote one: one existence request, made only on this path).
     """
-    if not storage.is_local(source) or source.endswith(SHARD_SUFFIXES) or has_glob(source) or "{" in source:
+    if source.endswith(SHARD_SUFFIXES) or has_glob(source) or "{" in source or "::" in source:
+        return
+    if not storage.is_local(source):
+        if not storage.exists(source, options):
+            raise FileNotFoundError(
+                f"{redact(source)}: nothing at this URL: no shardflow.json, no shards under it and no object "
+                "named so (check the bucket and the prefix for a typo)"
+            )
         return
     path = local_path(source)
     if not os.path.lexists(path):
@@ -300,6 +312,9 @@ def resolve_source(source: Any, options: storage.IOOptions) -> ShardSet:
         FileNotFoundError: no shards found (empty folder, a glob with no match).
         ManifestError: an invalid manifest.
         SourceError: the same shard is reached twice.
+        IncompleteDatasetError: a writer holds a local folder now, or its manifest says
+            its conversion is not complete (:mod:`shardflow.sources.listed`; named, with
+            ``IOOptions(allow_incomplete=True)``, the way to read it anyway).
         TypeError: ``source`` is of another type.
         ValueError: a list entry with glob characters.
     """

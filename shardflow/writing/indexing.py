@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import storage
-from ..errors import ManifestError
+from ..errors import ManifestError, redact
 from ..format.compression import GZIP_MAGIC, ZSTD_MAGIC, ZstdFrames
 from ..format.frames import FRAMES_SUFFIX, decode_frames, table_of_frames
 from ..format.keys import codec_extension
@@ -74,7 +74,7 @@ def _index_one(url: str, out: str, io: storage.IOOptions) -> tuple[ShardInfo, di
         try:  # the reader's own checks: a table it would refuse is not written
             table = decode_frames(table.encode(), url, size[0], io.limits) if table is not None else None
         except ManifestError as e:
-            log.info("%s: no frame table (it streams whole): %s", url, e)
+            log.info("%s: no frame table (it streams whole): %s", redact(url), redact(str(e)))
             table = None
     if compression is None or table is not None:
         index = name + ".idx.npy"

@@ -38,6 +38,7 @@ from typing import Any
 
 from ... import storage
 from ...errors import DestinationExistsError, ManifestError
+from ...format.compression import SHARD_SUFFIXES
 from ...format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ...errors import redact
 from ...storage.writing.folder import replay_journal, shard_names
@@ -129,7 +130,7 @@ def remove_files(dest: str, names: Iterable[str], io: storage.IOOptions) -> None
 
 def _shard_names(names: Iterable[str]) -> list[str]:
     """Shard files (not their index sidecars) among ``names``."""
-    return [n for n in names if not n.startswith(".") and n.endswith((".tar", ".tar.gz", ".tar.zst", ".tgz"))]
+    return [n for n in names if not n.startswith(".") and n.endswith(SHARD_SUFFIXES)]
 
 
 def _old_dataset_files(manifest: Manifest | None, names: list[str]) -> list[str]:
@@ -152,7 +153,7 @@ def _remove_temporaries(dest: str, names: list[str], prefix: str) -> list[str]:
         ours = name.startswith((f".{prefix}-", f".{STATE_NAME}.", f".{MANIFEST_NAME}."))  # shards, record, manifest
         if ours and name.endswith(".tmp") and storage.is_local(dest):
             path = os.path.join(dest[len("file://") :] if dest.startswith("file://") else dest, name)
-            log.info("removing %s, left by an interrupted conversion", path)
+            log.info("removing %s, left by an interrupted conversion", redact(path))
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         else:

@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any
 
 from ...errors import ConversionError, missing_dependency
-from .groups import exit_with_parent
+from .groups import writer_init
 
 __all__ = ["Executor", "InlineExecutor", "LocalExecutor", "DaskExecutor", "make_executor"]
 
@@ -63,7 +63,7 @@ class LocalExecutor(Executor):
 
     def __init__(self, workers: int) -> None:
         self.slots = 2 * workers
-        self.pool = ProcessPoolExecutor(workers, initializer=exit_with_parent, initargs=(os.getpid(),))
+        self.pool = ProcessPoolExecutor(workers, initializer=writer_init, initargs=(os.getpid(),))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Check here that the task pickles, so that what cannot travel to a worker process is

@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +35,7 @@ from ... import storage
 from ...errors import ConversionError, ShardflowError
 from ...format.manifest import ShardInfo
 from ...storage.urls import join_url, local_path
+from ...world import exit_with_parent
 from ...writing.writer import ShardFile, tar_size
 
 __all__ = ["Build", "GroupPlan", "GroupResult", "Skipped", "shard_name", "write_group", "group_digest"]
@@ -177,20 +175,15 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged), tuple(skipped))
 
 
-def exit_with_parent(parent: int) -> None:
-    """Local worker initializer: exit once the converting process is gone.
+def writer_init(parent: int) -> None:
+    """Local worker initializer: exit once the converting process ``parent`` is gone
+    (:func:`shardflow.world.exit_with_parent`, checked every half second), one torch thread.
 
     A worker blocks on the executor's call queue, whose write end every forked
     worker also holds, so it never sees EOF: without this, ``kill -9`` of a
     conversion left its writer processes running forever.
     """
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()
+    exit_with_parent(parent, poll=0.5)
     torch = sys.modules.get("torch")
     if torch is not None:
         # a process forked after torch ran multi-threaded ops can hang in its first large

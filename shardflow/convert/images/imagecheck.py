@@ -24,17 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...codecs.resize import DEFAULT_QUALITY, shrink_image
-from ...errors import ConversionError, DecodeError
+from ...errors import ConversionError, DecodeError, redact
+from ...policy import CONVERT_ON_ERROR
 from ..engine.groups import Skipped
 from .imageclasses import Descriptor
 from .walk import LocalTree, Tree
 
-__all__ = ["BuildContext", "ON_ERROR", "build", "check_image", "READ_THREADS"]
+__all__ = ["BuildContext", "build", "check_image", "READ_THREADS"]
 
 log = logging.getLogger(__name__)
-
-ON_ERROR = ("skip", "raise")
-"""Values of ``on_error`` for a corrupt image: skip it (named in the manifest) or raise."""
 
 READ_THREADS = 16
 """Objects a worker reads at once from a bucket (in order; at most twice as many held)."""
@@ -53,8 +51,8 @@ class BuildContext:
     quality: int = DEFAULT_QUALITY
 
     def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.on_error not in CONVERT_ON_ERROR:
+            raise ValueError(f"on_error must be one of {CONVERT_ON_ERROR}, got {self.on_error!r}")
         if self.max_side is not None and (isinstance(self.max_side, bool) or not isinstance(self.max_side, int)
                                           or self.max_side < 1):  # fmt: skip
             raise ValueError(f"max_side must be a positive int or None, got {self.max_side!r}")
@@ -176,5 +174,5 @@ def build(descriptors: list[Descriptor], ctx: BuildContext) -> Iterator[Any]:
         if ctx.on_error == "raise":
             raise ConversionError(f"{tree.url(rel)}: {why} (on_error='skip' / --on-error skip leaves it out)",
                                   reason="corrupt_image")  # fmt: skip
-        log.warning("%s: %s, skipped", tree.url(rel), why)
+        log.warning("%s: %s, skipped", redact(tree.url(rel)), why)
         yield Skipped(rel, why)

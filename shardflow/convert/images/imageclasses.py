@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
-from ...errors import ConversionError
+from ...errors import ConversionError, redact
 from .imagekeys import key_names
 from .walk import Entry, Ignored, LocalTree, Tree, extension, iter_dirs
 
@@ -58,8 +59,28 @@ def scan_root(tree: Tree, ignored: Ignored) -> list[str]:
             classes.append(entry.name)
             continue
         ignored.add(entry.name, why, is_dir=entry.is_dir)
-        (log.warning if entry.link else log.debug)("%s: %s, not a class", tree.url(entry.name), why)
+        (log.warning if entry.link else log.debug)("%s: %s, not a class", redact(tree.url(entry.name)), why)
+    _refuse_lookalikes(tree, classes)
     return classes
+
+
+def _refuse_lookalikes(tree: Tree, classes: list[str]) -> None:
+    """Refuse class folders whose names differ only in Unicode normalization ('café' written
+    NFC and NFD): they would be two classes that print identically.
+
+    Raises:
+        ConversionError: names both folders, escaped so that they differ (``'caf\\xe9'``,
+            ``'cafe\\u0301'``).
+    """
+    seen: dict[str, str] = {}
+    for name in classes:
+        other = seen.setdefault(unicodedata.normalize("NFC", name), name)
+        if other != name:
+            raise ConversionError(
+                f"{redact(tree.url(''))}: class folders {ascii(other)} and {ascii(name)} differ only in their "
+                f"Unicode normalization (both read {unicodedata.normalize('NFC', name)!r}); rename or merge one "
+                "of them, as two classes they could not be told apart"
+            )
 
 
 def classes_from(source: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, int]:
@@ -219,6 +240,20 @@ class ClassWalk:
         self.ignored.update(ignored)
         for descriptors in found:
             yield iter([descriptors])
+
+    def less_skipped(self, skipped: list[str]) -> dict[str, Any]:
+        """``class_counts`` and ``image_fields`` without the images the build skipped (their
+        paths ``<class>/.../<name>.<ext>``, as :class:`~shardflow.convert.groups.Skipped` names
+        them), so that they add up to the samples written."""
+        position = {c: k for k, c in enumerate(self.classes)}
+        counts, fields = list(self.class_counts), Counter(self.image_fields)
+        for rel in skipped:
+            k = position.get(rel.split("/", 1)[0])
+            if k is not None:
+                counts[k] -= 1
+                fields[extension(rel.rsplit("/", 1)[-1])] -= 1
+        return {"class_counts": dict(zip(self.classes, counts)),
+                "image_fields": {f: n for f, n in sorted(fields.items()) if n > 0}}
 
     def summary(self) -> dict[str, Any]:
         """Counts and names for the manifest's ``meta`` (call after the walk)."""

@@ -54,7 +54,7 @@ from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
-from .imagecheck import ON_ERROR, BuildContext, build
+from .imagecheck import BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
 from .imagekeys import key_names, key_to_path
@@ -62,7 +62,6 @@ from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "ON_ERROR",
     "convert_imagefolder",
     "find_classes",
     "count_images",
@@ -234,8 +233,8 @@ def convert_imagefolder(
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
-        path or URL of ``src``), ``extensions``, ``class_counts`` (images per
-        class), ``image_fields`` (images per image field, e.g. ``{"jpg": 1200,
+        path or URL of ``src``), ``extensions``, ``class_counts`` (samples written per
+        class: corrupt images skipped are not counted), ``image_fields`` (samples per image field, e.g. ``{"jpg": 1200,
         "png": 800}``: a sample has one of them, which ``fields=("image", ...)``
         reads as one), ``ignored_files`` (files in ``src`` or in class folders that are
         not samples: hidden, not images, not regular), ``skipped_dirs``
@@ -277,7 +276,7 @@ def convert_imagefolder(
         build,
         context=ctx,
         meta=meta,
-        meta_at_end=walk.summary,
+        meta_at_end=walk.summary, skipped_meta=walk.less_skipped,  # counts of the samples written
         options=options,
         progress=progress,
         identity=identity,

@@ -309,7 +309,7 @@ def iter_dirs(tree: Tree, top: str, ignored: Ignored) -> Iterator[tuple[str, lis
                 dirs.append(path)
                 continue
             ignored.add(path, why, is_dir=True)
-            (log.debug if why == "hidden" else log.warning)("%s: %s, skipped", tree.url(path), why)
+            (log.debug if why == "hidden" else log.warning)("%s: %s, skipped", redact(tree.url(path)), why)
         stack.append((iter(dirs), ident))
         rel = None
         while stack and rel is None:

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ...compat.numpy import read_array_header
 from ...errors import ConversionError, missing_dependency
+from ...format.npy import read_header
 
 __all__ = ["ArraySpec", "RowReader", "inspect_array", "split_source"]
 
@@ -138,7 +138,7 @@ def _check_dtype(where: str, dtype: np.dtype) -> np.dtype:
 def _npy_header(f: Any, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Read a .npy header from a file object; returns (shape, fortran_order, dtype)."""
     try:
-        shape, fortran, dtype = read_array_header(f, np.lib.format.read_magic(f))
+        shape, fortran, dtype = read_header(f)
     except ValueError as e:
         raise ConversionError(f"{where}: not a valid .npy: {e}") from e
     return tuple(int(x) for x in shape), bool(fortran), np.dtype(dtype)

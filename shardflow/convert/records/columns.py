@@ -286,7 +286,8 @@ def encode_value(c: Column, key: str, value: Any, where: str) -> tuple[str, byte
     if c.kind in ("image", "bytes"):
         if isinstance(value, Mapping):  # the struct without bytes
             raise ConversionError(f"{where}: column {c.name!r} holds no image bytes (path {value.get('path')!r}): "
-                                  "only images stored inside the file can be converted")  # fmt: skip
+                                  "pass --images-root DIR (images_root=) to read images referenced by path from "
+                                  "that folder")  # fmt: skip
         fmt = image_format(value)
         if c.expect is not None and fmt != c.expect:
             found = IMAGE_FORMAT_NAMES.get(fmt or "", "not an image")

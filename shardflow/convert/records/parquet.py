@@ -5,7 +5,9 @@ extra, ``memory://``): one ``.parquet`` file, a folder (every ``*.parquet`` unde
 it, at any depth), or a glob (``data/train-*.parquet``, Hugging Face's layout).
 Files are taken in sorted order; a folder that holds the files of several
 Hugging Face splits (``train-00000-of-00002.parquet`` beside ``test-...``) is
-refused: name the split with a glob.
+refused: name the split with a glob; so are the files of several configs
+(``data/train-*``, ``extra/train-*``) unless ``merge_configs=True``
+(:mod:`shardflow.convert.records.hflayout`).
 
 Samples. Row ``i`` (counted over the files in order, from 0) becomes the sample
 with key ``%09d % i`` (``000000042``; wider past 999,999,999 rows); each column
@@ -40,7 +42,6 @@ import dataclasses
 import json
 import logging
 import os
-import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from ...storage.backends.filesystems import object_identity
 from ...storage.urls import has_glob, local_path
 from .columns import Column, encode_value, parse_columns, plan_columns
 from ..engine.engine import ConvertOptions, run_conversion
+from .hflayout import check_layout
+from .imagepaths import check_images_root, read_image_path
 
 __all__ = ["convert_parquet", "parquet_files", "count_rows", "BATCH_ROWS", "READ_BUFFER"]
 
@@ -65,7 +68,6 @@ READ_BUFFER = 8 << 20
 """Bytes pyarrow reads from a file at once (its ``buffer_size``; a remote file is read in ranges this large)."""
 
 _KEY_WIDTH = 9
-_SPLIT_FILE = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}\.parquet$")
 
 # A piece: (file URL, file version, row group, rows in that row group, first row, end row).
 Piece = tuple[str, Any, int, int, int, int]
@@ -79,18 +81,28 @@ def _pyarrow() -> Any:
     return pq
 
 
-def parquet_files(src: str, io: storage.IOOptions) -> list[str]:
+def parquet_files(src: str, io: storage.IOOptions, *, merge_configs: bool = False) -> list[str]:
     """The Parquet files of ``src`` (a file, a folder or a glob), sorted.
+
+    Args:
+        src: a ``.parquet`` file, a folder of them or a glob.
+        io: storage options.
+        merge_configs: take the files of several Hugging Face configs together
+            (:mod:`shardflow.convert.records.hflayout`).
 
     Raises:
         FileNotFoundError: nothing there, or no ``.parquet`` file in the folder / glob.
-        ConversionError: a folder holds the files of several Hugging Face splits.
+        ConversionError: the files of several Hugging Face configs (unless
+            ``merge_configs``), or a folder holds the files of several splits.
         ImportError: the URL's filesystem package is missing (names the extra).
     """
     if has_glob(src):
         files = storage.list_glob(src, io)
         if not files:
             raise FileNotFoundError(f"{src}: no file matches")
+        fixed = re.split(r"[*?\[]", src, maxsplit=1)[0]
+        check_layout(src, files, fixed.rsplit("/", 1)[0] if "/" in fixed else "", merge_configs=merge_configs,
+                     whole_folder=False)  # fmt: skip
         return files
     if storage.is_dir(src, io):
         root = src.rstrip("/") + "/"
@@ -98,12 +110,7 @@ def parquet_files(src: str, io: storage.IOOptions) -> list[str]:
                  if not any(part.startswith(".") for part in f.removeprefix(root).split("/"))]  # fmt: skip
         if not files:
             raise FileNotFoundError(f"{src}: no .parquet file in this folder")
-        splits = sorted({m.group("split") for f in files if (m := _SPLIT_FILE.match(posixpath.basename(f)))})
-        if len(splits) > 1:
-            raise ConversionError(
-                f"{src} holds the parquet files of {len(splits)} splits ({', '.join(splits)}); convert one: "
-                f"give a glob such as {storage.join_url(src, '**/' + splits[0] + '-*.parquet')}"
-            )
+        check_layout(src, files, root, merge_configs=merge_configs)
         return files
     if not storage.exists(src, io):
         raise FileNotFoundError(f"{src}: no such file or folder")
@@ -132,8 +139,12 @@ def _version(url: str, io: storage.IOOptions) -> Any:
     return tuple(sorted(object_identity(fs.info(path)).items()))
 
 
-def _hf_features(schema: Any) -> dict[str, Any]:
-    """The Hugging Face ``features`` in a file's schema metadata (``{}`` when none)."""
+def _hf_features(schema: Any, url: str) -> dict[str, Any]:
+    """The Hugging Face ``features`` in a file's schema metadata (``{}`` when none or not JSON).
+
+    Raises:
+        ConversionError: the metadata is JSON nested deeper than Python's recursion limit (named).
+    """
     raw = (schema.metadata or {}).get(b"huggingface")
     if not raw:
         return {}
@@ -141,6 +152,9 @@ def _hf_features(schema: Any) -> dict[str, Any]:
         info = json.loads(raw)
     except ValueError:
         return {}
+    except RecursionError:
+        raise ConversionError(f"{url}: the schema metadata 'huggingface' ({len(raw)} bytes) is JSON nested too "
+                              "deeply to be Hugging Face features; remove it from the file") from None
     features = (info.get("info") or {}).get("features") if isinstance(info, dict) else None
     return features if isinstance(features, dict) else {}
 
@@ -149,6 +163,7 @@ def _hf_features(schema: Any) -> dict[str, Any]:
 class _Context:
     columns: tuple[Column, ...]
     io: storage.IOOptions
+    images_root: str | None = None  # the real path of the folder images referenced by path may be read from
 
 
 class _Listing:
@@ -185,7 +200,7 @@ class _Listing:
         """Every file holds the planned columns, of the same kinds and class names as the first."""
         from .columns import class_names, column_kind
 
-        features = _hf_features(schema)
+        features = _hf_features(schema, url)
         for c in self.plan:
             if c.name not in schema.names:
                 raise ConversionError(f"{url}: no column {c.name!r} (the first file has it); its columns are "
@@ -215,12 +230,12 @@ def _build(inputs: list[tuple[int, tuple[Piece, ...]]], ctx: _Context) -> Iterat
                 if opened is None or opened[0] != url:
                     stack.close()
                     opened = (url, stack.enter_context(_open(url, ctx.io)))
-                yield from _read_piece(opened[1], ctx.columns, row, url, group, rows, start, end)
+                yield from _read_piece(opened[1], ctx.columns, row, url, group, rows, start, end, ctx.images_root)
                 row += end - start
 
 
 def _read_piece(f: Any, columns: Sequence[Column], row: int, url: str, group: int, rows: int, start: int,
-                end: int) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
+                end: int, images_root: str | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
     """The samples of rows ``start:end`` of one row group, ``row`` being the first one's number."""
     if group >= f.metadata.num_row_groups or f.metadata.row_group(group).num_rows != rows:
         raise ConversionError(f"{url}: row group {group} is not the one listed ({rows} rows): "
@@ -230,7 +245,7 @@ def _read_piece(f: Any, columns: Sequence[Column], row: int, url: str, group: in
     for batch in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=names, use_threads=False):
         lo, hi = max(start - at, 0), min(end - at, batch.num_rows)
         if lo < hi:
-            yield from _samples(batch.slice(lo, hi - lo), columns, row, url, group, at + lo)
+            yield from _samples(batch.slice(lo, hi - lo), columns, row, url, group, at + lo, images_root)
             row += hi - lo
         at += batch.num_rows
         if at >= end:
@@ -249,7 +264,7 @@ def _values(array: Any, c: Column) -> list[Any]:
 
 
 def _samples(batch: Any, columns: Sequence[Column], row: int, url: str, group: int,
-             start: int) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
+             start: int, images_root: str | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
     values = [_values(batch.column(i), c) for i, c in enumerate(columns)]
     for j in range(batch.num_rows):
         key = f"{row + j:0{_KEY_WIDTH}d}"
@@ -257,7 +272,10 @@ def _samples(batch: Any, columns: Sequence[Column], row: int, url: str, group: i
         for c, column in zip(columns, values):
             v = column[j]
             if v is not None:
-                name, data = encode_value(c, key, v, f"{url} (row group {group}, row {start + j}, key {key})")
+                where = f"{url} (row group {group}, row {start + j}, key {key})"
+                if isinstance(v, Mapping) and images_root is not None and c.kind in ("image", "bytes"):
+                    v = read_image_path(v, url, images_root, where)  # an image referenced by path
+                name, data = encode_value(c, key, v, where)
                 fields[name] = data
         yield key, fields
 
@@ -288,6 +306,8 @@ def convert_parquet(
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
     client: Any = None,
+    merge_configs: bool = False,
+    images_root: str | os.PathLike[str] | None = None,
 ) -> Manifest:
     """Convert Parquet files into shards, one sample per row (see the module docstring).
 
@@ -303,6 +323,12 @@ def convert_parquet(
         progress: ``progress(n)`` after every finished shard of ``n`` rows.
         client: a ``dask.distributed.Client``: write the shards as tasks on its
             cluster (its workers must reach ``src`` and ``dst``).
+        merge_configs: convert the files of several Hugging Face configs
+            (``data/``, ``extra/``) into one dataset (default: refused,
+            :mod:`shardflow.convert.records.hflayout`).
+        images_root: a local folder: image values that hold only a ``path``
+            (``datasets``' ``to_parquet()`` of local images) are read from it
+            (:mod:`shardflow.convert.records.imagepaths`; default: such a value is an error).
 
     Returns:
         The manifest; ``meta`` holds ``source``, ``columns`` (each column's kind,
@@ -315,16 +341,19 @@ def convert_parquet(
             (``hf://``: extra ``hf``) is missing.
         ConversionError: a named column is missing (the message lists the
             file's columns), files disagree on their columns, a value cannot be
-            stored (names the file, row group, row and key).
+            stored (names the file, row group, row and key); several Hugging
+            Face configs or splits (names them).
+        ImagePathError: an image path leads out of ``images_root``.
     """
     src = os.fspath(src)
     _pyarrow()
     io = options.io
-    files = parquet_files(src, io)
+    files = parquet_files(src, io, merge_configs=merge_configs)
+    root = check_images_root(images_root) if images_root is not None else None
     with _open(files[0], io) as f:
         schema = f.schema_arrow
     wanted = parse_columns(columns) if isinstance(columns, str) else columns
-    plan = plan_columns(schema, _hf_features(schema), wanted, files[0])
+    plan = plan_columns(schema, _hf_features(schema, files[0]), wanted, files[0])
     if options.group_size is None:
         options = dataclasses.replace(options, group_size=1)  # each input is one shard's rows
     listing = _Listing(files, plan, io, options.max_count)
@@ -333,7 +362,7 @@ def convert_parquet(
         dst,
         listing.inputs(),
         _build,
-        context=_Context(tuple(plan), io),
+        context=_Context(tuple(plan), io, root),
         meta=meta,
         meta_at_end=listing.summary,
         options=options,
@@ -343,11 +372,11 @@ def convert_parquet(
     )
 
 
-def count_rows(src: str, storage_options: Mapping[str, Any] | None = None) -> int:
+def count_rows(src: str, storage_options: Mapping[str, Any] | None = None, *, merge_configs: bool = False) -> int:
     """Rows in the Parquet files of ``src`` (their footers only): the progress bar's total."""
     io = storage.IOOptions(storage_options=dict(storage_options or {}))
     total = 0
-    for url in parquet_files(src, io):
+    for url in parquet_files(src, io, merge_configs=merge_configs):
         with _open(url, io) as f:
             total += f.metadata.num_rows
     return total

@@ -8,6 +8,7 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from shardflow.compat.aio import drop_credentials
 from shardflow.errors import missing_dependency
 
 from ..options import IOOptions
@@ -91,7 +92,7 @@ def shared_s3_session() -> Any:
 def s3_session_after_fork() -> None:
     """In a forked child: drop the shared session's credentials (bound to the parent's loop)."""
     if _S3_SESSION is not None:
-        _S3_SESSION._credentials = None
+        drop_credentials(_S3_SESSION)
 
 
 @functools.lru_cache(maxsize=1)

@@ -40,7 +40,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import UnsafeFolderError
@@ -50,7 +50,8 @@ from .areas import check_folder, open_private, private_folder, staging_base
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PREFIX", "StagingScope", "enter_area", "held_here", "let_go", "staged_epoch", "staging_for"]
+__all__ = ["PREFIX", "StagingScope", "StagedOptions", "scope_of", "unstaged", "enter_area", "held_here", "let_go",
+           "staged_epoch", "staging_for"]
 
 PREFIX = "shardflow-staging-"
 _LEAVE_TRIES = 20  # attempts of the last worker out to find the area unused (others leaving at once)
@@ -103,6 +104,28 @@ class StagingScope:
     num_workers: int
 
 
+@dataclass(frozen=True, repr=False)
+class StagedOptions(IOOptions):
+    """The storage options of one DataLoader worker whose remote fetches go through its rank's
+    staging area: the dataset's :class:`~shardflow.storage.IOOptions` and the worker's
+    :class:`StagingScope` (made by :func:`staging_for`; the user's options never hold it)."""
+
+    staging_scope: StagingScope | None = field(default=None, repr=False)
+
+
+def scope_of(options: IOOptions) -> StagingScope | None:
+    """The staging scope ``options`` read in (a :class:`StagedOptions`), or None."""
+    return options.staging_scope if isinstance(options, StagedOptions) else None
+
+
+def unstaged(options: IOOptions) -> IOOptions:
+    """``options`` without a staging scope (plain :class:`~shardflow.storage.IOOptions`): a
+    staged fetch's own request reads the store itself."""
+    if not isinstance(options, StagedOptions):
+        return options
+    return IOOptions(**{f.name: getattr(options, f.name) for f in fields(IOOptions)})
+
+
 def staging_for(options: IOOptions, urls: Sequence[str], key: Sequence[Any], worker: int,
                 num_workers: int) -> IOOptions:
     """``options`` for DataLoader worker ``worker`` of ``num_workers`` (0 of 1 in the
@@ -140,14 +163,14 @@ def staging_for(options: IOOptions, urls: Sequence[str], key: Sequence[Any], wor
         logger.warning("no staging area in %s (%s): each DataLoader worker streams the shards it reads itself",
                        wanted or "the temporary folder", exc)
         return options
-    return replace(options, staging_scope=scope)
+    return StagedOptions(**{f.name: getattr(options, f.name) for f in fields(IOOptions)}, staging_scope=scope)
 
 
 def staged_epoch(items: Iterator[Any], options: IOOptions) -> Iterator[Any]:
     """``items``, read inside ``options.staging_scope``'s staging area: entered at
     the first ``next()``, left when ``items`` ends or is closed (the last worker out
     removes the area)."""
-    scope = options.staging_scope
+    scope = scope_of(options)
     if scope is None:  # nothing to enter: no generator frame per sample on the read path
         return items
     return _staged(items, scope)
