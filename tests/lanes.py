@@ -138,7 +138,7 @@ PROCESS_TESTS = {
     "test_cost_batching": """
         test_node_and_edge_budgets_at_once test_node_budget_equal_batches_every_sample_once
     """,
-    "test_dataloader": "test_worker_count_warning_once",
+    "test_dataloader": "test_dataloader_keywords_pass_through_to_torch test_worker_count_warning_once",
     "test_dataset": """
         test_a_bad_shard_read_by_two_workers_counts_once
         test_skip_keeps_the_planned_number_of_batches
@@ -154,10 +154,19 @@ PROCESS_TESTS = {
         test_resume_exact_and_equal_to_the_plain_epoch test_same_shuffled_epoch_as_the_plain_shards
         test_zstd_dc_pipe_tar_lists_the_members
     """,
+    "test_hostile_faults": "test_a_killed_runs_lock_goes_with_it_though_a_forked_worker_lives_on",
+    "test_hostile_surface": """
+        test_a_parquet_image_path_out_of_the_images_root_is_refused
+        test_a_quiet_test_run_names_the_missing_azure_emulator_and_its_install
+        test_convert_prints_hostile_file_names_escaped
+        test_inspect_of_graphs_without_torch_geometric_names_the_extra
+        test_stateful_dataloader_with_workers_warns_at_save_and_refuses_the_resume
+        test_warnings_print_above_the_progress_bar_not_inside_it
+    """,
     "test_frameworks": """
         test_lightning_data_module_epochs_are_shardflow_epochs
         test_lightning_resumes_a_mid_epoch_checkpoint_exactly
-        test_stateful_dataloader_with_workers_does_not_resume_use_shardflow_loader
+        test_stateful_dataloader_with_workers_refuses_to_resume_use_shardflow_loader
     """,
     "test_graph_codec": "test_lazy_imports_and_rule_classes_by_name_in_a_fresh_interpreter",
     "test_graph_collate": "test_batches_of_decoded_subclass_graphs_unpickle_in_a_fresh_interpreter",
