@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import reader, storage
+from .. import accounting, reader, storage
+from ..accounting import Account
 from ..loading.batching import Batching, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..loading.collation import is_builtin, takes_graph_records
 from ..planning.plan import shuffle_buffer, split_unsized, worker_batches
@@ -87,10 +88,14 @@ def pipeline(
         if skip:
             items = skip_items(items, skip * (batching.batch_size if batching else 1))
     items = storage.staged_epoch(items, io)
+    timed = batching is not None and batching.account  # stage timers (shardflow.accounting)
+    items = accounting.timed(items, "read") if timed else items
     if expanded is None:
         items = reader.prepared(items, prepare)
+        items = accounting.timed(items, "decode") if timed else items
     if ds.transform is not None:
         items = reader.apply_transform(items, seeder.wrap(ds.transform), policy)
+        items = accounting.timed(items, "transform") if timed else items
     return items, sizes
 
 
@@ -122,6 +127,7 @@ def batch_items(
     """A loader worker's batch records for ``epoch``, then its final record (its stats)."""
     ids = units(ds, world, epoch, resume, batched=True)
     skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+    account = Account(b.account)  # this worker's epoch: its stage times and counters since now
     items, sizes = pipeline(ds, b, stream_world(world, resume), epoch, resume, ids, skip, policy)
     counted = count_good(items, policy)
     # shardflow's own collate draws nothing: only a user's collate_fn is seeded per batch
@@ -134,17 +140,18 @@ def batch_items(
         batches = ((ids[i], batch) for i, batch in reader.batched(counted, sizes, b.collate, seed_batch))
     else:
         batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
+    batches = accounting.timed_batches(batches) if b.account else batches
     try:
         # in the training process (num_workers=0), its own generators stay where it left them
         # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
         restore = ds.sample_seeding and (user_collate or runs_user_code(ds)) and not World.in_worker()
         for index, batch in (restoring(batches, ds.sample_seeding) if restore else batches):
-            yield WorkerItem(world.worker, index, batch, policy.snapshot())
+            yield WorkerItem(world.worker, index, batch, policy.snapshot(), acct=account.now())
         if world.num_workers == 1 or policy.stats["samples"]:
             policy.check_end()
     finally:
         close_iter(items)
-    yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
+    yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True, acct=account.now())
 
 
 def unsized_batches(items: Iterator[Any], b: Batching, skip: int, stream: World, seeder: Seeder) -> Iterator[tuple[int, Any]]:

@@ -29,6 +29,7 @@ from .keys import KeySet, split_name
 from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
+from .ustar import header, regular_member
 
 __all__ = [
     "BLOCK",
@@ -381,29 +382,6 @@ def raw_sample(key: str, url: str, fields: Mapping[str, Any] = _NO_FIELDS) -> di
 # ---------------------------------------------------------------- writing
 
 
-
-# The fixed parts of every header this writer emits (ustar, deterministic metadata): only the
-# name, the size, the checksum and the type vary, so a header is these parts joined.
-_MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-124
-_MTIME = b"00000000000\0"  # bytes 136-148
-_AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic, version, the rest: 157-512
-_FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
-
-
-def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
-    """One ustar header block with deterministic metadata (its checksum is the byte sum of
-    the block with the checksum field read as spaces, as the reader checks it)."""
-    if len(name) > 100:
-        raise ValueError("ustar name longer than 100 bytes")
-    if size < 8**11:
-        size_field = b"%011o\0" % size
-    else:  # GNU base-256 for sizes of 8 GiB and more
-        size_field = b"\x80" + size.to_bytes(11, "big")
-    check = _FIXED_SUM + sum(name) + sum(size_field) + typeflag[0]
-    return b"".join((name, _ZERO_BLOCK[len(name) : 100], _MODE_IDS, size_field, _MTIME,
-                     b"%06o\0 " % check, typeflag, _AFTER_TYPE))  # fmt: skip
-
-
 def _pax_record(key: str, value: str) -> bytes:
     payload = f" {key}={value}\n".encode("utf-8", "surrogateescape")
     length = len(payload) + 1
@@ -412,18 +390,14 @@ def _pax_record(key: str, value: str) -> bytes:
     return str(length).encode() + payload
 
 
-def _pad(n: int) -> bytes:
-    return b"\0" * (-n % BLOCK)
-
-
 def _member_parts(name: str, data: bytes) -> list[bytes]:
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) <= 100 and raw.isascii():
-        return [_header(raw, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]
+        return regular_member(raw, data)
     record = _pax_record("path", name)
     short = raw[:100].decode("ascii", "replace").encode("ascii", "replace")[:100]
-    return [_header(b"././@PaxHeader", len(record), b"x"), record, _pad(len(record)),
-            _header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
+    return [header(b"././@PaxHeader", len(record), b"x"), record, _ZERO_BLOCK[: -len(record) % BLOCK],
+            header(short, len(data), b"0"), data, _ZERO_BLOCK[: -len(data) % BLOCK]]  # fmt: skip
 
 
 def encode_member(name: str, data: bytes) -> bytes:

@@ -42,6 +42,7 @@ import numpy as np
 from .costs import cost_batches, cost_budgets, split_to
 from ..errors import ShardflowError
 from .mixing import Mixture, mixture_order
+from .affinity import keep_parts
 from .order import Segment, buffer_shuffle_order, interleave, positions_to_segments, shard_order, shuffle_buffer
 from ..world import World, stable_seed
 
@@ -78,12 +79,17 @@ class ShuffleConfig:
             (at most ``buffer``) and then grows by one per emitted sample up to
             ``buffer`` (as webdataset's ``shuffle(initial=...)``), so the first
             batch does not wait for the whole buffer to fill.
+        affinity: each rank keeps the shard parts of epoch 0 in every epoch, in an order
+            reshuffled per epoch (and through the buffer as ever), so that with a
+            ``cache_dir`` large enough for its share, later epochs fetch nothing (see
+            docs/remote.md for what it gives up in mixing). Not with ``samples_per_epoch``.
     """
 
     shards: bool = True
     buffer: int = 1000
     interleave: int = 4
     initial: int = 100
+    affinity: bool = False
 
     def __post_init__(self) -> None:
         if self.buffer < 0 or self.interleave < 1 or self.initial < 1:
@@ -277,7 +283,11 @@ def _rank_order(
         endless = split.samples_per_epoch is not None
         if endless:
             base += epoch * world_size * n
-        segments = positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
+        if shuffle.affinity and not endless:  # epoch 0's parts, reordered per epoch (shardflow.planning.affinity)
+            segments = keep_parts(positions_to_segments(counts, base, base + used, seed, 0, shuffle.shards, False),
+                                  seed, epoch, rank)
+        else:
+            segments = positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
         read_segment, read_sample = interleave(segments, shuffle.interleave)
     emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank), shuffle.initial)
     return segments, read_segment, read_sample, emit, share, quotas

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import accounting
 from ..codecs import DecodeOptions, decode_field, field_alternatives
 from ..codecs.hints import missing_field_hint
 from ..errors import DecodeError, MissingFieldError, SampleError
@@ -229,4 +230,7 @@ def batched(
                 group.append(item)
         if group and before is not None:
             before(index)
-        yield index, (collate(group) if group else None)
+        t = accounting.clock()
+        batch = collate(group) if group else None
+        accounting.add_ns("collate", accounting.clock() - t)
+        yield index, batch

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from shardflow.accounting import count, is_shard_data
 from shardflow.errors import ManifestError, RemoteReadError, ShardflowError, redact, redact_cause
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
@@ -220,7 +221,10 @@ def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTI
                     want -= len(part)
                 return b"".join(parts)
 
-        return call_with_retries(url, start, options, read_local)
+        data = call_with_retries(url, start, options, read_local)
+        if is_shard_data(url):
+            count("bytes_local", len(data))
+        return data
     fs, path = filesystem(url, options)
     if is_http(fs) or is_memory(fs):
         return b"".join(retried_chunks(url, start, end, options))
@@ -234,6 +238,9 @@ def read_range(url: str, start: int, end: int, options: IOOptions = DEFAULT_OPTI
             raise
 
     data = call_with_retries(url, start, options, read_remote)
+    shard = is_shard_data(url)
+    count("requests" if shard else "meta_requests")
+    count("bytes_network" if shard else "meta_bytes", len(data))
     return data[: end - start]
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
+from shardflow.accounting import count
 from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError
@@ -119,6 +120,7 @@ class ShardCache:
         pinned = self._pinned(url, sha256) if sha256 else None
         if pinned is not None:
             lock_fd, lock_path, data = pinned
+            count("cache_hits")
             try:
                 self._touch(data)
                 yield data
@@ -140,6 +142,7 @@ class ShardCache:
             for _attempt in range(5):
                 lock_fd = self._lock(lock_path, fcntl.LOCK_SH)
                 if self._present(data, size):
+                    count("cache_hits")
                     self.shrink()  # a hit: no download evicted anything (this entry is held)
                     break
                 self._release(lock_fd, lock_path)
@@ -148,6 +151,7 @@ class ShardCache:
                     if not self._download(url, key, data, size, identity, options, sha256):
                         yield None
                         return
+                    count("cache_fills")
                     if sha256:  # the fill was checked against it
                         self._pin(url, sha256, data)
                 # converting EX -> SH is not atomic; eviction may slip in: check again
