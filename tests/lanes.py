@@ -154,6 +154,11 @@ PROCESS_TESTS = {
         test_resume_exact_and_equal_to_the_plain_epoch test_same_shuffled_epoch_as_the_plain_shards
         test_zstd_dc_pipe_tar_lists_the_members
     """,
+    "test_plan_cost": "test_shard_affinity_resumes_exactly",
+    "test_report": """
+        test_a_slow_transform_is_the_slowest_stage_and_the_loop_input_bound test_accounting_off_times_no_stage
+    """,
+    "test_trace": "test_the_trace_holds_each_workers_stages_and_the_loops_waits",
     "test_hostile_faults": "test_a_killed_runs_lock_goes_with_it_though_a_forked_worker_lives_on",
     "test_hostile_surface": """
         test_a_parquet_image_path_out_of_the_images_root_is_refused
