@@ -16,7 +16,7 @@ writes one).
 A folder may hold several writers' shards (``train-%06d.tar`` and ``val-%06d.tar``):
 a writer keeps every shard the folder's manifest lists except the earlier ones of its
 own series (its pattern, numbers from ``start_shard`` on), which it replaces; the
-manifest lists the kept shards, then its own (see ``docs/writing.md``).
+manifest lists the kept shards, then its own (see ``docs/getting-data-in.md``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ shard; ``group_size`` counts inputs). Workers read their rows row group by row
 group, yielding :data:`BATCH_ROWS` rows at a time; pyarrow decodes a row
 group's selected columns whole, so a worker's memory holds one row group of
 those columns, whatever the size of the files (Hugging Face writes image
-datasets in row groups of 100 rows; docs/convert.md measures a file written as
+datasets in row groups of 100 rows; docs/getting-data-in.md measures a file written as
 one large row group). A row group that two shards share is read by both. A
 re-run keeps the finished shards whose pieces, file sizes and modification
 times (ETags remotely) are unchanged.
