@@ -96,7 +96,7 @@ def redistribute(
     target = max((len(e) for e in per_rank), default=0)
     ends = np.asarray(split_to(per_rank[rank], target), dtype=np.int64) if target else np.zeros(0, np.int64)
     return RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
-                    plan.read_segment, plan.read_sample, plan.emit, ends, None)
+                    plan.read_segment, plan.read_sample, plan.emit, ends, None, scattered=plan.scattered)
 
 
 def resumed_plan(
@@ -177,6 +177,7 @@ def _build(old: Sequence[RankPlan], items: list[tuple[int, int, int]], m: int, p
         read_segment=np.concatenate(read_segment).astype(np.int32) if read_segment else np.zeros(0, np.int32),
         read_sample=np.concatenate(read_sample) if read_sample else np.zeros(0, np.int64),
         emit=emit,
+        scattered=any(p.scattered for p in old),
     )
 
 

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
-    ("plan", ("shardflow.plan", "shardflow.costs", "shardflow.order", "shardflow.mixing", "shardflow.elastic")),
+    ("plan", ("shardflow.plan", "shardflow.costs", "shardflow.order", "shardflow.mixing", "shardflow.elastic", "shardflow.window")),
     ("reading", ("shardflow.shardset", "shardflow.source", "shardflow.reader", "shardflow.selection")),
     ("dataset", ("shardflow.dataset", "shardflow.dataloader", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
                  "shardflow.transforms", "shardflow.batching", "shardflow.transfer")),

@@ -32,7 +32,8 @@ class Resumable:
         return {
             "shards": h.hexdigest()[:16],
             "seed": self.seed,
-            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial],
+            "shuffle": [self.shuffle.shards, self.shuffle.buffer, self.shuffle.interleave, self.shuffle.initial]
+            + ([self.shuffle.window] if self.shuffle.window > 1 else []),
             "partial": split.partial,
             "samples_per_epoch": split.samples_per_epoch,
             "batch_size": split.batch_size,

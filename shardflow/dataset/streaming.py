@@ -27,6 +27,7 @@ from ..seeding import generators
 from ..selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..source import ShardSet, Source, SourcePart, resolve_source
+from .classmix import effective_shuffle
 from ..state import ResumePoint
 from ..transforms import map_fields
 from ..world import World
@@ -181,6 +182,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         self.source: ShardSet = resolve_source(source, io)
         self._selection = resolve_selection(self.source, select, io) if select is not None else None
         self._check_fields()
+        self.shuffle = effective_shuffle(self.shuffle, self.source, io)
         m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
         self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)

@@ -1,0 +1,117 @@
+"""Class mix of the default shuffle (issue 30): the window shuffle (shardflow.window) spreads
+class-sorted shards, exactly and resumably."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shardflow
+from shardflow.plan import ShuffleConfig, SplitConfig, plan_epoch
+from shardflow.window import window_permutation
+from tests.helpers import assert_resumes, make_shards, sample_key
+
+CLASSES, PER, SHARD = 40, 250, 500  # 10,000 samples, classes one after the other, 2 classes a shard
+
+
+def label(i: int) -> int:
+    return i // PER
+
+
+@pytest.fixture(scope="module")
+def sorted_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("mix"), [SHARD] * (CLASSES * PER // SHARD), lambda i: {"cls": label(i)})
+
+
+def mean_distinct(batches: list[list[int]]) -> float:
+    full = [b for b in batches if len(b) == len(batches[0])]
+    return float(np.mean([len(set(b)) for b in full]))
+
+
+def permutation_distinct(batch: int, seeds: int = 8) -> float:
+    labels = np.repeat(np.arange(CLASSES), PER)
+    runs = []
+    for s in range(seeds):
+        p = labels[np.random.default_rng(s).permutation(len(labels))].tolist()
+        runs.append(mean_distinct([p[i : i + batch] for i in range(0, len(p), batch)]))
+    return float(np.mean(runs))
+
+
+def stream(folder: Path, shuffle: Any = True, workers: int = 2, batch: int = 64, **kw: Any) -> list[dict[str, Any]]:
+    ds = shardflow.ShardDataset(folder, shuffle=shuffle, seed=0, decode=None, **kw)
+    return list(shardflow.loader(ds, batch_size=batch, num_workers=workers))
+
+
+def test_window_permutation_is_a_seeded_permutation_that_moves_less_than_the_window() -> None:
+    p = window_permutation(1000, 50, seed=7)
+    assert sorted(p.tolist()) == list(range(1000))
+    assert np.array_equal(p, window_permutation(1000, 50, seed=7))
+    assert not np.array_equal(p, window_permutation(1000, 50, seed=8))
+    # position j holds a stream position about `window * u` behind it (u uniform), circularly
+    j = np.arange(1000)
+    moved = (j - p + 500) % 1000 - 500
+    assert -25 < int(moved.min()) and int(moved.max()) < 75 and 20 < float(moved.mean()) < 30
+    assert np.array_equal(window_permutation(10, 1, seed=7), np.arange(10))
+    assert np.array_equal(window_permutation(10, 0, seed=7), np.arange(10))
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("partial", ["pad", "drop"])
+def test_window_plan_is_exact_and_equal_per_rank(world: int, partial: str) -> None:
+    counts = [7, 0, 12, 5, 9]  # 33 samples
+    split = SplitConfig(batch_size=4, partial=partial)  # type: ignore[arg-type]
+    plans = [plan_epoch(counts, r, world, 3, 1, ShuffleConfig(), split) for r in range(world)]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    seen = Counter()
+    for p in plans:
+        assert p.scattered and p.samples == plans[0].samples and p.num_batches == plans[0].num_batches
+        shard = np.asarray([s.shard for s in p.segments])[p.read_segment[p.emit]]
+        seen.update((starts[shard] + p.read_sample[p.emit]).tolist())
+    if partial == "pad":  # every sample once, plus W-1 padded repeats at most
+        assert set(seen) == set(range(33)) and sum(seen.values()) == world * -(-33 // world)
+    else:
+        assert max(seen.values()) == 1 and len(seen) == world * (33 // world)
+    # a function of (counts, world, seed, epoch): the same plan again, another one next epoch
+    again = plan_epoch(counts, 0, world, 3, 1, ShuffleConfig(), split)
+    assert np.array_equal(again.read_sample, plans[0].read_sample) and np.array_equal(again.emit, plans[0].emit)
+    other = plan_epoch(counts, 0, world, 3, 2, ShuffleConfig(), split)
+    assert not np.array_equal(other.read_sample, plans[0].read_sample)
+
+
+def test_class_sorted_shards_give_batches_as_mixed_as_a_permutation(sorted_shards: Path) -> None:
+    batches = stream(sorted_shards)
+    keys = [k for b in batches for k in b["__key__"]]
+    assert sorted(keys) == [sample_key(i) for i in range(CLASSES * PER)]  # the epoch is exact
+    for b in batches:  # each sample keeps its own label
+        assert [label(int(k)) for k in b["__key__"]] == [int(c) for c in b["cls"]]
+    got = mean_distinct([[int(c) for c in b["cls"]] for b in batches])
+    perm = permutation_distinct(64)  # about 31.9 of 40 classes
+    assert got >= 0.9 * perm, (got, perm)
+    # the shard interleave (4 shards) and a 1,000-sample buffer, the default before the window
+    off = stream(sorted_shards, ShuffleConfig(window=0))
+    assert mean_distinct([[int(c) for c in b["cls"]] for b in off]) < 0.5 * perm
+
+
+def test_window_order_does_not_depend_on_the_worker_count(sorted_shards: Path) -> None:
+    runs = [[k for b in stream(sorted_shards, workers=w) for k in b["__key__"]] for w in (0, 1, 3)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_window_shuffle_resumes_exactly(sorted_shards: Path) -> None:
+    def make() -> Any:
+        ds = shardflow.ShardDataset(sorted_shards, shuffle=True, seed=0, decode=None)
+        return shardflow.loader(ds, batch_size=64, num_workers=2)
+
+    record, record_next = assert_resumes(make, k=17)
+    assert len(record) == len(record_next) == -(-CLASSES * PER // 64)
+
+
+def test_window_is_off_where_random_access_is_not_cheap(sorted_shards: Path, tmp_path: Path) -> None:
+    assert shardflow.ShardDataset(sorted_shards, shuffle=True).shuffle.window == 1 << 18
+    bare = make_shards(tmp_path, [5, 5], index=False)  # no offset index: shards are read in order
+    assert shardflow.ShardDataset(bare, shuffle=True).shuffle.window == 0
+    assert shardflow.ShardDataset(sorted_shards, shuffle=False).shuffle.window == 0
