@@ -60,6 +60,10 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
+    parser.add_argument("--order", choices=["shuffled", "walk"], default="shuffled",
+                        help="shuffled (default): images in a seeded random order, every shard mixing the classes; "
+                        "walk: classes one after the other, as listed (for data that must stay ordered)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
@@ -88,6 +92,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         lambda update, client: convert_imagefolder(
             args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
             classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
+            order=args.order, seed=args.seed,
         ),
         summary,
         args=args,

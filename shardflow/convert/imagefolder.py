@@ -19,8 +19,10 @@ Conventions (torchvision's ``ImageFolder``, made safe for large trees):
   and one that leads out of it only with ``follow_links=True``
   (``--follow-links``); each is skipped and named in ``meta.ignored`` (see
   :mod:`shardflow.convert.walk`). A symlinked file is the file it points to.
-- Order: classes in ``class_to_idx`` order; inside a directory its images
-  sorted by name, then its subdirectories sorted by name, depth first.
+- Order: by default a seeded shuffle of all images (``order="shuffled"``,
+  :mod:`shardflow.convert.mixorder`), so that every shard mixes the classes. The walk
+  order (``order="walk"``) is classes in ``class_to_idx`` order; inside a directory its
+  images sorted by name, then its subdirectories sorted by name, depth first.
 - A class with no image is an error unless ``allow_empty`` (it keeps its index).
 
 ``SRC`` is a local folder or any fsspec URL (``s3://bucket/train``,
@@ -57,6 +59,7 @@ from .imagecheck import ON_ERROR, BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
 from .imagekeys import key_names, key_to_path
+from .mixorder import DEFAULT_ORDER, in_order
 from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
@@ -194,6 +197,7 @@ def convert_imagefolder(
     classes_from: str | os.PathLike[str] | Mapping[str, int] | list[str] | None = None,
     on_error: str = "skip",
     follow_links: bool = False,
+    order: str = DEFAULT_ORDER, seed: int = 0,
 ) -> Manifest:
     """Convert an ImageFolder tree into tar shards plus ``shardflow.json``.
 
@@ -225,6 +229,8 @@ def convert_imagefolder(
         on_error: a corrupt image: ``"skip"`` (named in ``meta.skipped``, with
             a warning) or ``"raise"``.
         follow_links: follow symlinked directories that lead out of the tree.
+        order, seed: ``"shuffled"`` (default: a permutation seeded by ``seed``, every shard mixing
+            the classes; memory: :mod:`~shardflow.convert.mixorder`) or ``"walk"`` (walk order).
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
@@ -236,7 +242,7 @@ def convert_imagefolder(
         (hidden directories, symlinks into or out of the tree, loops),
         ``ignored`` (the first 1,000 of both, ``{"path", "reason"}``), and
         ``skipped_count`` / ``skipped`` (corrupt images left out, named with the
-        reason, the first 1,000).
+        reason, the first 1,000), ``order`` and ``order_seed``.
 
     Raises:
         ConversionError: ``src`` has no class folder; some classes have no
@@ -266,11 +272,10 @@ def convert_imagefolder(
     walk = ClassWalk(tree, classes, list(class_to_idx.values()), exts, client, ignored)
     source = os.path.abspath(tree.root) if isinstance(tree, LocalTree) else tree.root
     meta: dict[str, Any] = {"class_to_idx": class_to_idx, "source": source, "extensions": sorted(exts)}
-    if given is not None:
-        meta["classes_from"] = origin
+    meta.update(order=order, order_seed=int(seed), **({"classes_from": origin} if given is not None else {}))
     return run_conversion(
         dst,
-        walk.descriptors(),
+        in_order(walk.descriptors(), order, int(seed)),
         build,
         context=ctx,
         meta=meta,

@@ -5,7 +5,9 @@ cheap for plain ``.tar`` shards on local disk, and costly elsewhere: from a buck
 would be a request of its own (the bytes over the link would stay 1x, the requests would not),
 and a compressed shard would decompress a frame per sample. There the shuffle stays the shard
 interleave and the shuffle buffer (``window`` set to 0), and the order is that of
-``ShuffleConfig(window=0)``.
+``ShuffleConfig(window=0)``. So it is for shards that a converter wrote in a shuffled order
+(``meta.order == "shuffled"``): their classes are mixed already, and reading them in order
+is faster.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ..errors import ShardflowError
 from ..plan import ShuffleConfig
 from ..source import ShardSet
 
-__all__ = ["effective_shuffle", "window_readable"]
+__all__ = ["effective_shuffle", "window_readable", "written_mixed"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,21 @@ def window_readable(source: ShardSet, io: storage.IOOptions) -> bool:
         return False
 
 
+def written_mixed(source: ShardSet) -> bool:
+    """True when the manifest says its converter wrote the samples in a shuffled order
+    (``meta.order``, :mod:`shardflow.convert.mixorder`): the shards are mixed already."""
+    manifest = source.manifest
+    return manifest is not None and isinstance(manifest.meta, dict) and manifest.meta.get("order") == "shuffled"
+
+
 def effective_shuffle(shuffle: ShuffleConfig, source: ShardSet, io: storage.IOOptions) -> ShuffleConfig:
-    """``shuffle``, with the window off (0) when ``source`` cannot be read by random access cheaply."""
-    if shuffle.window <= 1 or window_readable(source, io):
+    """``shuffle``, with the window off (0) when the shards are mixed already (read in order, as
+    stored, is as fast as reading gets) or cannot be read by random access cheaply."""
+    if shuffle.window <= 1:
+        return shuffle
+    if written_mixed(source):
+        return replace(shuffle, window=0)
+    if window_readable(source, io):
         return shuffle
     log.debug("window shuffle off: shards that are remote, compressed or without an offset index are read in order")
     return replace(shuffle, window=0)
