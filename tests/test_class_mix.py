@@ -3,6 +3,10 @@ class-sorted shards, exactly and resumably."""
 
 from __future__ import annotations
 
+import json
+import logging
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,9 +15,12 @@ import numpy as np
 import pytest
 
 import shardflow
+from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.inspect.batchmix import planned_mix
 from shardflow.plan import ShuffleConfig, SplitConfig, plan_epoch
 from shardflow.window import window_permutation
-from tests.helpers import assert_resumes, make_shards, sample_key
+from tests.helpers import assert_resumes, make_shards, sample_key, tiny_image
 
 CLASSES, PER, SHARD = 40, 250, 500  # 10,000 samples, classes one after the other, 2 classes a shard
 
@@ -115,3 +122,67 @@ def test_window_is_off_where_random_access_is_not_cheap(sorted_shards: Path, tmp
     bare = make_shards(tmp_path, [5, 5], index=False)  # no offset index: shards are read in order
     assert shardflow.ShardDataset(bare, shuffle=True).shuffle.window == 0
     assert shardflow.ShardDataset(sorted_shards, shuffle=False).shuffle.window == 0
+
+
+# ---------------------------------------------------------------- the report before training
+
+
+def inspect_json(folder: Path, batches: int, batch_size: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "shardflow.cli", "inspect", str(folder), "--no-scan", "--json",
+         "--batches", str(batches), "--batch-size", str(batch_size)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)["batches"]
+
+
+@pytest.mark.parametrize("window", [None, 0])
+def test_inspect_reports_the_mix_the_stream_delivers(sorted_shards: Path, window: int | None) -> None:
+    """Labels read from the label members alone; the planned batches are the streamed ones."""
+    report = inspect_json(sorted_shards, 20, 64) if window is None else None
+    shuffle = True if window is None else ShuffleConfig(window=window)
+    ds = shardflow.ShardDataset(sorted_shards, shuffle=shuffle, seed=0, decode=None)
+    shardflow.loader(ds, batch_size=64)
+    planned = planned_mix(ds, 20)
+    streamed = [[int(c) for c in b["cls"]] for b in stream(sorted_shards, shuffle)][:20]
+    assert planned["labels_from"] == "label members" and planned["batches"] == 20 and planned["batch_size"] == 64
+    assert planned["mean_distinct"] == mean_distinct(streamed)
+    assert planned["worst_distinct"] == min(len(set(b)) for b in streamed)
+    assert 29 < planned["permutation"]["mean_distinct"] < 35  # 64 draws of 40 equal classes: about 31.9
+    if report is not None:
+        assert report["mean_distinct"] == planned["mean_distinct"] and report["ratio"] >= 0.9
+    else:  # the interleave over class-sorted shards: far from a permutation, the worst run named
+        assert planned["ratio"] < 0.5 and planned["worst_run"]["batches"] == 8
+
+
+@pytest.fixture(scope="module")
+def walk_converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("walk")
+    for c in range(12):
+        for i in range(25):
+            path = root / "src" / f"c{c:02d}" / f"{i:03d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(tiny_image("png", c * 25 + i))
+    convert_imagefolder(root / "src", str(root / "walk"), options=ConvertOptions(max_count=50, workers=1), order="walk")
+    convert_imagefolder(root / "src", str(root / "mixed"), options=ConvertOptions(max_count=50, workers=1))
+    return root
+
+
+def test_manifest_labels_and_one_warning_for_class_sorted_shards_read_unmixed(walk_converted: Path, caplog) -> None:
+    walk = walk_converted / "walk"
+    unmixed = ShuffleConfig(window=0, buffer=16, interleave=1)  # (a 1,000-sample buffer spans these 300 samples)
+    ds = shardflow.ShardDataset(walk, shuffle=unmixed, seed=0, decode=None)
+    with caplog.at_level(logging.WARNING, logger="shardflow"):
+        shardflow.loader(ds, batch_size=16)
+        shardflow.loader(ds, batch_size=16)
+    warned = [r.getMessage() for r in caplog.records if "distinct classes" in r.getMessage()]
+    assert len(warned) == 1 and "ShuffleConfig(window" in warned[0] and "--order shuffled" in warned[0]
+    planned = planned_mix(ds, 10)
+    assert planned["labels_from"] == "manifest" and planned["ratio"] < 0.5
+    streamed = [[int(c) for c in b["cls"]] for b in stream(walk, unmixed, batch=16)][:10]
+    assert planned["mean_distinct"] == mean_distinct(streamed)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="shardflow"):  # mixed by the window, or by the converter
+        shardflow.loader(shardflow.ShardDataset(walk, shuffle=True, decode=None), batch_size=16)
+        shardflow.loader(shardflow.ShardDataset(walk_converted / "mixed", shuffle=True, decode=None), batch_size=16)
+    assert not [r for r in caplog.records if "distinct classes" in r.getMessage()]

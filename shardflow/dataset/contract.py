@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from ..batching import Batching
+from .classmix import unmixed_warning
 from .epochrun import EpochRun
 from .warmstart import prefetch_first
 
@@ -35,6 +36,9 @@ class LoaderContract:
         """
         self._batching = batching
         self._forked_workers = num_workers if forked and batching is not None else 0
+        if not getattr(self, "_mix_warned", False) and (message := unmixed_warning(self, self.world().rank)):
+            self._mix_warned = True  # once per dataset
+            log.warning("%s", message)
         if batching is not None and batching.drop_last and num_workers > 1 and not self.sized:
             log.warning(
                 "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "

@@ -20,31 +20,12 @@ import numpy as np
 
 from .. import storage
 from ..format.tar import iter_samples
-from ..plan import RankPlan
+from ..dataset.classmix import batch_labels, manifest_labels, mix_stats
 from ..source import ShardSet
 
-__all__ = ["manifest_labels", "read_labels", "batch_labels", "mix_stats", "planned_mix", "RUN"]
-
-RUN = 8
-"""Consecutive batches of the worst run reported."""
+__all__ = ["read_labels", "planned_mix"]
 
 _HEAD = 1024
-
-
-def manifest_labels(source: ShardSet) -> np.ndarray | None:
-    """int64 labels of every sample (shards in manifest order) from ``meta.class_counts`` when the
-    samples were written class after class; None when the manifest does not say so."""
-    m = source.manifest
-    meta = m.meta if m is not None and isinstance(m.meta, dict) else {}
-    counts, to_idx = meta.get("class_counts"), meta.get("class_to_idx")
-    if meta.get("order", "walk") != "walk" or not isinstance(counts, Mapping) or not isinstance(to_idx, Mapping):
-        return None
-    if m is None or len(source.urls) != len(m.shards) or sum(counts.values()) != m.num_samples:
-        return None  # a sub-selection of the shards, or counts that do not add up
-    try:
-        return np.repeat(np.asarray([int(to_idx[c]) for c in counts], np.int64), np.asarray(list(counts.values()), np.int64))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _label_of(head: bytes, label: str) -> int | None:
@@ -95,34 +76,6 @@ def read_labels(source: ShardSet, io: storage.IOOptions, label: str = "cls") -> 
         return known, "manifest"
     parts = [_shard_labels(source, s, io, label) for s in range(len(source.urls))]
     return np.asarray([x for p in parts for x in p], dtype=np.int64), "label members"
-
-
-def batch_labels(plan: RankPlan, labels: np.ndarray, counts: np.ndarray, batches: int) -> list[np.ndarray]:
-    """The labels of the plan's first ``batches`` batches (``labels``: per sample, shards concatenated)."""
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    shard_of = np.asarray([s.shard for s in plan.segments], dtype=np.int64)
-    sizes, pos = plan.batch_positions(range(min(batches, plan.num_batches)))
-    if not sizes:
-        return []
-    found = labels[starts[shard_of[plan.read_segment[pos].astype(np.int64)]] + plan.read_sample[pos]]
-    return np.split(found, np.cumsum(sizes)[:-1])
-
-
-def mix_stats(batches: list[np.ndarray], run: int = RUN) -> dict[str, Any]:
-    """Mean distinct labels per batch, the largest label's mean share, the worst batch and the
-    worst run of ``run`` consecutive batches (the lowest mean distinct); full batches only."""
-    full = [b for b in batches if len(b) == len(batches[0])] if batches else []
-    if not full:
-        return {"batches": 0, "mean_distinct": 0.0, "largest_share": 0.0, "worst_distinct": 0, "worst_run": None}
-    distinct = np.asarray([len(np.unique(b)) for b in full], dtype=np.float64)
-    largest = [np.unique(b, return_counts=True)[1].max() / len(b) for b in full]
-    r = min(run, len(full))
-    means = np.convolve(distinct, np.ones(r) / r, mode="valid")
-    at = int(np.argmin(means))
-    return {
-        "batches": len(full), "mean_distinct": float(distinct.mean()), "largest_share": float(np.mean(largest)),
-        "worst_distinct": int(distinct.min()), "worst_run": {"first": at, "batches": r, "mean_distinct": float(means[at])},
-    }  # fmt: skip
 
 
 def planned_mix(dataset: Any, batches: int, label: str = "cls", seed: int = 0) -> dict[str, Any]:
