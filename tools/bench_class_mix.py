@@ -12,7 +12,8 @@ shard of 1,000), then streams, with the defaults (``ShardDataset(shuffle=True, s
 
 For each it reports the mean number of distinct classes in a batch, the largest class's mean
 share of a batch, and the same for a uniform permutation of the labels (what ``RandomSampler``
-or ``DistributedSampler`` give), and checks that the epoch holds every sample exactly once.
+or ``DistributedSampler`` give), checks that the epoch holds every sample exactly once, and
+shows what ``shardflow inspect DST --batches N --json`` predicted (``batches.mean_distinct``).
 
 Usage::
 
@@ -97,6 +98,13 @@ def permutation(labels: np.ndarray, batch: int, seeds: int = 4) -> dict[str, flo
     return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
 
+def inspect_mean(dst: str, batches: int, batch: int) -> float:
+    """``shardflow inspect DST --batches N --json``'s ``batches.mean_distinct`` (labels read before training)."""
+    out = subprocess.run([sys.executable, "-m", "shardflow.cli", "inspect", dst, "--no-scan", "--json", "--batches",
+                          str(batches), "--batch-size", str(batch)], check=True, capture_output=True, text=True)
+    return float(json.loads(out.stdout)["batches"]["mean_distinct"])
+
+
 def stream(dst: str, batch: int, workers: int) -> tuple[list[np.ndarray], int, int]:
     """Batches of labels from the defaults; also (samples yielded, distinct keys)."""
     import shardflow
@@ -142,17 +150,18 @@ def main() -> int:
             got = mix(batches)
             got["ratio"] = got["mean_distinct"] / perm["mean_distinct"]
             got["exact_epoch"] = n == total and unique == total
+            got["inspect_mean_distinct"] = inspect_mean(dst, len(batches), args.batch)
             report[name] = got
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     print(f"{total} samples, {args.classes} classes, batch {args.batch}, {args.workers} workers")
-    print(f"{'':16s}{'distinct/batch':>16s}{'ratio':>8s}{'largest share':>15s}{'worst':>7s}{'exact':>7s}")
+    print(f"{'':16s}{'distinct/batch':>16s}{'ratio':>8s}{'largest share':>15s}{'worst':>7s}{'exact':>7s}{'inspect':>9s}")
     print(f"{'permutation':16s}{perm['mean_distinct']:16.1f}{1.0:8.2f}{perm['largest_share']:15.1%}{perm['worst_distinct']:7.0f}")
     for name in ("converted", "class-ordered"):
         r = report[name]
         print(f"{name:16s}{r['mean_distinct']:16.1f}{r['ratio']:8.2f}{r['largest_share']:15.1%}"
-              f"{r['worst_distinct']:7d}{str(r['exact_epoch']):>7s}")
+              f"{r['worst_distinct']:7d}{str(r['exact_epoch']):>7s}{r['inspect_mean_distinct']:9.1f}")
     return 0
 
 
