@@ -186,3 +186,21 @@ def test_manifest_labels_and_one_warning_for_class_sorted_shards_read_unmixed(wa
         shardflow.loader(shardflow.ShardDataset(walk, shuffle=True, decode=None), batch_size=16)
         shardflow.loader(shardflow.ShardDataset(walk_converted / "mixed", shuffle=True, decode=None), batch_size=16)
     assert not [r for r in caplog.records if "distinct classes" in r.getMessage()]
+
+
+def test_window_reads_the_stored_samples_and_drops_only_what_a_cut_shard_lost(tmp_path: Path) -> None:
+    folder = make_shards(tmp_path, [50] * 4, lambda i: {"txt": f"text {i}" * (i % 7)})
+    stored = {s["__key__"]: (s["cls"], s["txt"]) for s in shardflow.ShardDataset(folder, shuffle=False, decode=None)}
+    mixed = list(shardflow.ShardDataset(folder, shuffle=True, seed=1, decode=None))
+    assert {s["__key__"]: (s["cls"], s["txt"]) for s in mixed} == stored and len(mixed) == 200
+    assert [s["__key__"] for s in mixed] != sorted(stored)
+    # shard 2 cut 100 bytes into its sample 30: samples 130..149 are lost, each counted, the rest read
+    ds = shardflow.ShardDataset(folder, shuffle=True, seed=1, decode=None, on_error="skip")
+    cut = int(ds.source.load_offsets(2, ds.io)[30]) + 100
+    path = Path(ds.source.urls[2])
+    path.write_bytes(path.read_bytes()[:cut])
+    got = [s["__key__"] for s in ds]
+    assert sorted(got) == sorted(sample_key(i) for i in range(200) if not 130 <= i < 150)
+    assert ds.stats["skipped"] == 20 and ds.stats["samples"] == 180
+    with pytest.raises(shardflow.ShardflowError, match="train-000002.tar"):
+        list(shardflow.ShardDataset(folder, shuffle=True, seed=1, decode=None))
