@@ -76,6 +76,8 @@ class PipelineConfig:
         storage_options: fsspec options (credentials, ``client_kwargs.endpoint_url``, ...).
         trust_manifest_urls: open shard, index and sizes URLs that a manifest names outside
             its own folder (refused by default; see :class:`shardflow.storage.IOOptions`).
+        allow_incomplete: read a folder that a writer is still writing, or whose conversion
+            did not finish (refused by default; see :class:`shardflow.storage.IOOptions`).
         samples_per_epoch: samples per rank per epoch when training by steps, or None.
         resize: ``[height, width]`` (or one int) in pixels: every decoded image is
             resized to it (:class:`shardflow.transforms.Resize`, before any
@@ -99,6 +101,7 @@ class PipelineConfig:
     cache_dir: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     trust_manifest_urls: bool = False
+    allow_incomplete: bool = False
     samples_per_epoch: int | None = None
     resize: tuple[int, int] | None = None
 
@@ -154,8 +157,9 @@ class PipelineConfig:
         if not isinstance(self.storage_options, Mapping):
             raise bad("storage_options", "a mapping of fsspec options")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
-        if not isinstance(self.trust_manifest_urls, bool):
-            raise bad("trust_manifest_urls", "true or false")
+        for flag in ("trust_manifest_urls", "allow_incomplete"):
+            if not isinstance(getattr(self, flag), bool):
+                raise bad(flag, "true or false")
         if self.samples_per_epoch is not None and (not is_int(self.samples_per_epoch) or self.samples_per_epoch < 1):
             raise bad("samples_per_epoch", "an int >= 1 or null")
         if self.resize is not None:
@@ -332,10 +336,10 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
     io = extra.pop("io", None)
     if io is None:
         io = IOOptions(storage_options=cfg.storage_options, cache_dir=cfg.cache_dir,
-                       trust_manifest_urls=cfg.trust_manifest_urls)
+                       trust_manifest_urls=cfg.trust_manifest_urls, allow_incomplete=cfg.allow_incomplete)
     source: Any = cfg.source
     if isinstance(source, tuple):
-        from .source import Source
+        from .sources.source import Source
 
         source = [Source(**e) if isinstance(e, Mapping) else e for e in source]
     if cfg.resize is not None:
@@ -361,7 +365,7 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
 
 
 def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConfig, **overrides: Any) -> Any:
-    """Build the dataset and its :class:`~shardflow.loading.ShardLoader` from a config.
+    """Build the dataset and its :class:`~shardflow.loading.shardloader.ShardLoader` from a config.
 
     Args:
         cfg: a config, a YAML path or a mapping.
@@ -373,12 +377,10 @@ def loader_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineConf
     Returns:
         The loader; its dataset is ``loader.dataset``.
     """
-    import inspect
-
-    from .loading import ShardLoader, loader
+    from .loading.shardloader import loader, options
 
     cfg, extra = _split_overrides(load_config(cfg), overrides)
-    loader_args = set(inspect.signature(ShardLoader).parameters) - {"dataset"}
+    loader_args = options()
     loader_extra = {k: extra.pop(k) for k in list(extra) if k in loader_args}
     ds = dataset_from_config(cfg, **extra)
     return loader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=cfg.drop_last, **loader_extra)

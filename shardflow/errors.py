@@ -148,6 +148,11 @@ _SECRET_PARTS = frozenset({
 })
 _SECRET_ENDS = ("key", "secret", "token", "password", "credential", "credentials", "signature")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s'\"<>]+")
+# a URL's userinfo, whatever it holds (a quote in a password must not end it): up to the last @
+# before the first / ? # or white space
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{1,15}://)[^/?#\s]*@")
+# ``Name=value`` pairs of a connection string (``AccountKey=...;``, ``SharedAccessSignature=...``)
+_PAIR = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_]*)=([^;&\s'\"]+)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -196,27 +201,55 @@ def redact_url(url: str) -> str:
 
 
 def redact(text: str) -> str:
-    """``text`` with every URL in it redacted (see :func:`redact_url`)."""
-    if not isinstance(text, str) or "://" not in text:
+    """``text`` with every secret in it redacted: each URL's userinfo (whatever characters the
+    password holds) and secret query values (see :func:`redact_url`), and the secret values of
+    ``Name=value`` pairs (an Azure connection string's ``AccountKey=...;``).
+
+    The one function for every text shardflow shows (errors, log lines, summaries).
+    """
+    if not isinstance(text, str):
         return text
+    if "=" in text:
+        text = _PAIR.sub(lambda m: f"{m.group(1)}={MASK}" if is_secret_name(m.group(1)) else m.group(0), text)
+    if "://" not in text:
+        return text
+    text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     return _URL.sub(lambda m: redact_url(m.group(0)), text)
 
 
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of storage options whose secret-named values are ``***``, nested mappings too
-    (``client_kwargs``, ``headers``), and whose URL values (``endpoint_url``) are redacted."""
+    (``client_kwargs``, ``headers``), headers given as ``(name, value)`` pairs too, and whose
+    text values (``endpoint_url``, ``connection_string``) are redacted (:func:`redact`)."""
     return {k: MASK if is_secret_name(k) and v is not None else redact_value(v) for k, v in options.items()}
 
 
 def redact_value(value: Any) -> Any:
-    """A JSON-like value (dicts, lists, strings) with every secret redacted, for a manifest,
-    a conversion record or a repr."""
+    """An option value (dicts, lists, strings) with every secret redacted, for a repr; a
+    ``(name, value)`` pair whose name is a secret's (``("Authorization", "Bearer ...")``) keeps
+    only its name."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, Mapping):
         return redact_options(value)
     if isinstance(value, (list, tuple)):
+        if len(value) == 2 and isinstance(value[0], str) and is_secret_name(value[0]) and value[1] is not None:
+            return type(value)((value[0], MASK))
         return type(value)(redact_value(v) for v in value)
+    return value
+
+
+def redact_data(value: Any) -> Any:
+    """A JSON-like value of data (a manifest's ``meta``, a conversion record) with the secrets
+    in its texts redacted (:func:`redact`: URLs, connection strings); unlike
+    :func:`redact_value`, no value is masked for its key's name (a ``key`` or a class named
+    ``token`` is data, not a credential)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redact_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_data(v) for v in value)
     return value
 
 

@@ -37,20 +37,19 @@ from torch.utils.data import Dataset
 from . import storage
 from .codecs import DecodeOptions, with_limits
 from .dataset import check_picklable_transform
-from .errors import ManifestError, ShardFormatError, TruncatedShardError
+from .errors import ManifestError, ShardflowError, ShardFormatError, TruncatedShardError
 from .format.frames import FrameTable
-from .format.tar import iter_samples
+from .format.compression import COMPRESSED_SUFFIXES
+from .format.tar import iter_samples, raw_sample
 from .policy import ErrorPolicy
-from .reader import Prepare, tag_source
-from .source import ShardSet, resolve_source
-from .storage.urls import SHARD_SUFFIXES
+from .reader import Prepare, check_fields, tag_source, transform_error
+from .sources.source import ShardSet, resolve_source
 from .transforms import map_fields
 
 __all__ = ["IndexedShardDataset"]
 
 log = logging.getLogger(__name__)
 
-_COMPRESSED_SUFFIXES = tuple(s for s in SHARD_SUFFIXES if s != ".tar")
 
 
 @dataclass
@@ -88,7 +87,16 @@ class IndexedShardDataset(Dataset):
     and DataLoader workers. ``ds[i]`` is the same dict :class:`ShardDataset`
     yields for that sample: ``__key__`` (str), ``__url__`` (the shard URL),
     ``__source__`` (int, the source's index in a list of sources; 0 for one) and
-    the fields decoded by extension (see :mod:`shardflow.codecs`).
+    the fields decoded by extension (see :mod:`shardflow.codecs`); ``fields=``
+    selects them as :class:`ShardDataset`'s does.
+
+    Bad samples (``on_error``): a map-style dataset has no stream to drop a
+    sample from (``len()``, samplers and torch's default collate expect ``ds[i]``
+    to be a sample). Under ``"raise"`` (default) ``ds[i]`` raises the error, which
+    names the shard, the key and what was wrong; under ``"skip"``/``"warn"`` it
+    returns the next sample that reads (``i + 1``, ..., wrapping to 0) in its
+    place, never None: the epoch holds that neighbour twice, and :attr:`stats`
+    counts the bad one (``"warn"`` also logs it).
 
     Example::
 
@@ -102,24 +110,39 @@ class IndexedShardDataset(Dataset):
         decode: ``"numpy"`` (images as uint8 arrays, shape (H, W, 3)),
             ``"torch"`` (uint8 tensors, shape (3, H, W)), ``"pil"``, None (every
             field stays bytes), or a :class:`~shardflow.codecs.DecodeOptions`.
+        fields: field names to keep (``__key__``/``__url__`` are always kept);
+            a sample lacking one is an error under ``on_error``. ``"jpg;png"``
+            takes the first present; ``"image"`` stands for whichever image field
+            a sample has (``jpg``, ``png``, ``webp``, ...). None keeps all.
         transform: ``transform(sample) -> Any`` applied to each decoded sample;
             must be picklable for DataLoader workers started with spawn. A
             mapping ``{field: fn}`` transforms single fields (see
-            :func:`shardflow.map_fields`).
+            :func:`shardflow.map_fields`). Under ``"skip"``/``"warn"`` a
+            transform that raises makes a bad sample (reason ``"transform"``).
+        on_error: ``"raise"`` (default), ``"skip"`` or ``"warn"`` (see above and
+            :class:`~shardflow.policy.ErrorPolicy`).
         storage_options: passed to fsspec (credentials, endpoint, ...).
         max_open: shards whose offset index (and local file descriptor) stay
             cached, least recently used evicted.
         io: retries and storage options, a :class:`~shardflow.storage.IOOptions`
             (instead of ``storage_options``).
 
+    Attributes:
+        stats: this process's counters (``samples`` returned, ``skipped`` and one
+            per reason; each DataLoader worker counts in its own copy).
+
     Raises:
         ManifestError: no manifest (so no sample counts), or shards the manifest
             lists without an offset index: run ``shardflow index`` on them.
+        MissingFieldError: ``fields`` names a field the manifest does not know
+            (lists the fields that exist).
+        TypeError: ``fields`` is a str.
         ShardFormatError: a shard is compressed (``.tar.gz``, ``.tar.zst``)
             without a frame table: random access needs plain ``.tar`` shards
             or framed ``.tar.zst`` ones (``compression="zstd"``).
         FileNotFoundError: the source lists no shard.
-        ValueError: ``max_open < 1``, or both ``io`` and ``storage_options``.
+        ValueError: ``max_open < 1``, both ``io`` and ``storage_options``, or an
+            unknown ``on_error``.
     """
 
     def __init__(
@@ -127,7 +150,9 @@ class IndexedShardDataset(Dataset):
         source: str | os.PathLike | Sequence[str],
         *,
         decode: str | DecodeOptions | None = "numpy",
+        fields: Sequence[str] | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        on_error: str = "raise",
         storage_options: Mapping[str, Any] | None = None,
         max_open: int = 16,
         io: storage.IOOptions | None = None,
@@ -143,6 +168,11 @@ class IndexedShardDataset(Dataset):
         self.io = io
         self.transform = map_fields(transform) if isinstance(transform, Mapping) else transform
         self.max_open = max_open
+        if isinstance(fields, str):
+            raise TypeError("fields must be a sequence of names, e.g. ('jpg', 'cls'), not a str")
+        self.fields = tuple(fields) if fields is not None else None
+        self.on_error = on_error
+        self._policy = ErrorPolicy(on_error)  # validates
         self.source: ShardSet = resolve_source(source, io)
         manifest = self.source.manifest
         if manifest is None:
@@ -152,7 +182,7 @@ class IndexedShardDataset(Dataset):
                 "manifest and offset indexes"
             )
         compressed = [u for u, info in zip(self.source.urls, manifest.shards)
-                      if u.lower().endswith(_COMPRESSED_SUFFIXES) and not info.frames]
+                      if u.lower().endswith(COMPRESSED_SUFFIXES) and not info.frames]
         if compressed:
             raise ShardFormatError(_compressed_message(compressed[0], len(compressed)), reason="compressed_shard")
         missing = [u for u, ix in zip(self.source.urls, self.source.index_urls) if ix is None]
@@ -163,8 +193,9 @@ class IndexedShardDataset(Dataset):
                 "(compressed shards never get one: random access needs uncompressed .tar shards)",
                 reason="missing_index",
             )
+        check_fields(manifest, self.fields)
         self._sources = self.source.source_by_url()
-        self._prepare = Prepare(ErrorPolicy("raise"), sources=self._sources, decode=self.decode)
+        self._prepare = Prepare(self._policy, fields=self.fields, sources=self._sources, decode=self.decode)
         # first global index of each shard, plus the total (a list: bisect on it is faster per call)
         self._starts: list[int] = [0, *np.cumsum(self.source.counts).tolist()]
         self._reset_cache()
@@ -314,26 +345,71 @@ class IndexedShardDataset(Dataset):
                 reason="stale_index",
             )
         key, _, fields = found[0]
-        sample: dict[str, Any] = {"__key__": key, "__url__": url}
-        sample.update(fields)  # type: ignore[arg-type]
-        return tag_source(sample, self._sources)
+        return tag_source(raw_sample(key, url, fields), self._sources)  # type: ignore[arg-type]
+
+    @property
+    def stats(self) -> Any:
+        """This process's counters (a ``collections.Counter``; see :class:`~shardflow.policy.ErrorPolicy`)."""
+        return self._policy.stats
 
     def __getitem__(self, index: int) -> Any:
-        """Sample ``index`` (negative counts from the end), decoded and transformed.
+        """Sample ``index`` (negative counts from the end), its fields selected, decoded and
+        transformed; under ``on_error="skip"``/``"warn"``, in place of a bad one the next
+        sample that reads (see the class).
 
         Raises:
             IndexError: out of range.
+            MissingFieldError: the sample lacks a field of ``fields`` (names shard and key).
             DecodeError: a field could not be decoded (names shard and key).
             ShardFormatError, TruncatedShardError, ManifestError: the shard or
                 its offset index is unusable (the message says what to run).
             RemoteReadError: reading failed after retries.
+            ShardflowError: under skip/warn, no sample could take its place
+                (every one bad, or :attr:`~shardflow.policy.ErrorPolicy.max_consecutive` in a row).
         """
-        sample = self.read_raw(index)
-        if self.decode is not None:
-            sample = self._prepare.decoded(sample)  # (on_error "raise": never None)
-        if self.transform is not None:
+        policy = self._policy
+        if policy.mode == "raise":
+            out = self._item(index)
+        else:
+            shard, local = self.locate(index)
+            start, n = self._starts[shard] + local, len(self)
+            for k in range(n):
+                out = self._item((start + k) % n)
+                if out is not _DROPPED:
+                    break
+            else:
+                raise ShardflowError(f"no sample of the {n} could be read under on_error={self.on_error!r}: "
+                                     f"{dict(policy.stats)}")
+        policy.good()
+        return out
+
+    def _item(self, index: int) -> Any:
+        """Sample ``index`` prepared and transformed, or :data:`_DROPPED` when the policy
+        dropped it (skip/warn; under raise its error is raised)."""
+        policy = self._policy
+        try:
+            sample = self.read_raw(index)
+        except ShardflowError as e:
+            if policy.mode == "raise":
+                raise
+            policy.handle(e)
+            return _DROPPED
+        if self.fields is not None or self.decode is not None:
+            sample = self._prepare.one(sample)
+            if sample is None:
+                return _DROPPED
+        if self.transform is None:
+            return sample
+        if policy.mode == "raise":
+            return self.transform(sample)  # the transform's own exception, as it raised it
+        try:
             return self.transform(sample)
-        return sample
+        except Exception as e:
+            policy.handle(transform_error(sample, self.transform, e), cause=e)
+            return _DROPPED
+
+
+_DROPPED = object()
 
 
 def _check_size(source: Any, shard: int, size: int) -> None:

@@ -14,12 +14,17 @@ from typing import Any
 
 from .errors import ShardflowError
 
-__all__ = ["ErrorPolicy", "ON_ERROR", "merge_snapshots"]
+__all__ = ["ErrorPolicy", "ON_ERROR", "CONVERT_ON_ERROR", "merge_snapshots"]
 
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip", "warn")
 """The values of ``on_error`` (also accepted by :mod:`shardflow.config`)."""
+
+CONVERT_ON_ERROR = tuple(mode for mode in ON_ERROR if mode != "warn")
+"""The values of :data:`ON_ERROR` a conversion takes for a bad input (``convert imagefolder``'s
+corrupt image): ``"skip"`` leaves it out and names it in the manifest, so there is no
+separate ``"warn"``."""
 
 
 class ErrorPolicy:

@@ -32,7 +32,7 @@ from .codecs import IMAGE_FIELD, DecodeOptions, decode_field, field_alternatives
 from .errors import MissingFieldError, missing_dependency
 from .format.keys import codec_extension
 from .inspect import class_names, head
-from .source import resolve_source
+from .sources.source import resolve_source
 
 __all__ = ["CAPTION_HEIGHT", "render_grid", "save_grid"]
 

@@ -1,4 +1,4 @@
-"""The resume contract shared by :class:`~shardflow.ShardDataset` and :class:`~shardflow.loading.ShardLoader`.
+"""The resume contract shared by :class:`~shardflow.ShardDataset` and :class:`~shardflow.ShardLoader`.
 
 A state is a plain dict (JSON-able, picklable) with constant keys
 (:data:`STATE_KEYS`) and a version (:data:`STATE_VERSION`):
@@ -9,7 +9,7 @@ A state is a plain dict (JSON-able, picklable) with constant keys
 - ``remaining``: where that epoch stands (``[]``: nothing read yet, the epoch
   starts afresh). With a manifest, the epoch's *layout*: ``[[W0, k0], [W1, k1],
   ...]``, the world sizes it ran on and the steps (batches of every rank; samples
-  for a dataset iterated directly) taken on each (:mod:`shardflow.elastic`); the
+  for a dataset iterated directly) taken on each (:mod:`shardflow.planning.elastic`); the
   same on every rank, so a state saved on one rank loads on all, at any world
   size and worker count. Without a manifest: the units each worker stream has
   passed (same rank, world size and worker count needed).
@@ -61,7 +61,7 @@ class ResumePoint:
         epoch: the epoch being resumed.
         layout: sized: the earlier ``(world size, steps)`` stages of the epoch,
             whose remaining samples the current world's plan shares out (empty:
-            the epoch's own plan; see :mod:`shardflow.elastic`).
+            the epoch's own plan; see :mod:`shardflow.planning.elastic`).
         step: sized: batches of the current plan already taken (every rank alike).
         skip: unsized: ``skip[w]`` counts the units worker ``w`` skips.
         streams: unsized: ``streams[w]`` is the stream (worker position of the

@@ -20,7 +20,7 @@ __all__ = ["World", "stable_seed", "exit_with_parent", "PARENT_POLL_S"]
 PARENT_POLL_S = 1.0
 """Seconds between two checks, in a DataLoader worker, that the process that started it lives."""
 
-_watching = False
+_watching = 0  # the pid that watches its parent (a forked child has no watching thread)
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,9 @@ def stable_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
 
 
-def exit_with_parent() -> None:
-    """Make this process (a DataLoader worker) end when the process that started it dies.
+def exit_with_parent(parent: int | None = None, poll: float = PARENT_POLL_S) -> None:
+    """Make this process (a DataLoader worker, a conversion's writer) end when the process
+    that started it dies.
 
     A worker blocked in a read (a stalled request, a read-ahead thread) would
     outlive a main process that was killed. A daemon thread checks the parent
@@ -121,17 +122,22 @@ def exit_with_parent() -> None:
     *thread* exits, which kills the healthy persistent workers of a loader
     iterated first from a thread that has since ended.
     Idempotent: the first call per process sets it up. Called by
-    :meth:`World.detect` inside DataLoader workers.
+    :meth:`World.detect` inside DataLoader workers, and as the initializer of a
+    conversion's local writer processes (:mod:`shardflow.convert.engine.executors`).
+
+    Args:
+        parent: the pid whose end ends this process (default: this one's parent now).
+        poll: seconds between checks.
     """
     global _watching
-    if _watching:
+    if _watching == os.getpid():
         return
-    _watching = True
-    parent = os.getppid()
+    _watching = os.getpid()
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
+            time.sleep(poll)
         os._exit(1)
 
     threading.Thread(target=watch, name="shardflow-parent-watch", daemon=True).start()

@@ -44,3 +44,12 @@ def others_garbage_collected():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Name the emulators that were missing and how to install them: ``pytest -q`` shows a skip
+    as an ``s`` only (tests/emulators.py)."""
+    from tests.emulators import MISSING
+
+    for message in sorted(MISSING):
+        terminalreporter.write_line(f"note: {message}")

@@ -27,8 +27,8 @@ import numpy as np
 from PIL import Image
 
 from shardflow import ShardWriter
-from shardflow.indexing import index_shards
-from shardflow.writer import encode_sample_dict
+from shardflow.writing.indexing import index_shards
+from shardflow.writing.writer import encode_sample_dict
 
 __all__ = ["Spec", "LAYOUTS", "COMPRESSIONS", "BOUNDARIES", "BIG_KINDS", "WRITERS", "samples_of", "copy_dataset", "write_dataset", "writer_compresses", "spec_from_json"]
 

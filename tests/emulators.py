@@ -62,10 +62,16 @@ AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
+MISSING: set[str] = set()
+"""The emulators found missing in this run, as their skip messages (conftest prints them at the end,
+even under ``-q``, where skip reasons are not shown)."""
+
+
 def _missing(what: str, how: str) -> None:
-    message = f"{what} is not installed ({how})"
+    message = f"{what} is not installed, its tests are skipped: install it with `{how}` (docs/testing.md)"
     if os.environ.get("CI"):
         pytest.fail(message + ": CI must install it (.ci/run)")
+    MISSING.add(message)
     pytest.skip(message)
 
 
@@ -197,7 +203,7 @@ def azurite() -> Emulator:
     pytest.importorskip("adlfs", reason="adlfs is not installed (pip install -e '.[azure]')")
     command = _azurite_command()
     if command is None:
-        _missing("Azurite", "npm ci --prefix .ci/azurite")
+        _missing("Azurite (the Azure Blob emulator)", "npm ci --prefix .ci/azurite")  # needs Node.js and npm
     proc = subprocess.Popen(
         [*command, "--blobHost", "127.0.0.1", "--blobPort", "0", "--inMemoryPersistence",
          "--extentMemoryLimit", "512", "--skipApiVersionCheck", "--loose", "--silent"],

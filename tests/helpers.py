@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
-from shardflow.writer import ShardWriter, write_manifest
+from shardflow.writing.writer import ShardWriter, write_manifest
 
 __all__ = [
     "make_shards",
@@ -213,11 +213,11 @@ def _assert_resumes(
 
 
 def worker_collate(samples: list[Any]) -> dict[str, Any]:
-    """:func:`shardflow.collation.collate` plus ``__worker__``: the DataLoader worker
+    """:func:`shardflow.loading.collation.collate` plus ``__worker__``: the DataLoader worker
     id that built the batch (-1 in the main process), to tell streams apart."""
     from torch.utils.data import get_worker_info
 
-    from shardflow.collation import collate
+    from shardflow.loading.collation import collate
 
     batch = collate(samples)
     info = get_worker_info()

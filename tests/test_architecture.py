@@ -4,7 +4,8 @@ and modules and functions stay small enough to hold in mind (no exemption list).
 
 The import graph is built with ``ast`` from every module of the package: module-level
 and function-level imports (an import inside a function still ties the two modules
-together), but not those under ``if TYPE_CHECKING:``, which never run.
+together), and those under ``if TYPE_CHECKING:`` too (they never run, but a circle of them
+is still two modules that each need the other to be understood).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),
-    ("plan", ("shardflow.plan", "shardflow.costs", "shardflow.order", "shardflow.mixing", "shardflow.elastic", "shardflow.window")),
-    ("reading", ("shardflow.shardset", "shardflow.source", "shardflow.reader", "shardflow.selection")),
-    ("dataset", ("shardflow.dataset", "shardflow.dataloader", "shardflow.indexed", "shardflow.loading", "shardflow.collation",
-                 "shardflow.transforms", "shardflow.batching", "shardflow.transfer")),
-    ("tools", ("shardflow.writer", "shardflow.shardfile", "shardflow.indexing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
+    ("plan", ("shardflow.planning",)),
+    ("reading", ("shardflow.sources", "shardflow.reader", "shardflow.planning.selection")),
+    ("dataset", ("shardflow.dataset", "shardflow.loading", "shardflow.indexed", "shardflow.transforms")),
+    ("tools", ("shardflow.writing", "shardflow.convert", "shardflow.inspect", "shardflow.show")),
     ("cli", ("shardflow.cli", "shardflow.config")),
 ]
 
@@ -101,7 +101,7 @@ def build_graph() -> dict[str, Module]:
     modules = _modules()
     for module in modules.values():
         bound: set[str] = set()  # local names bound to shardflow modules
-        for node in _runtime_nodes(module.tree):
+        for node in ast.walk(module.tree):  # (``if TYPE_CHECKING:`` imports too: a typing-only circle is one)
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == "shardflow" or alias.name.startswith("shardflow."):
@@ -181,7 +181,7 @@ def layer_of(name: str) -> int:
 def test_the_graph_sees_module_and_function_level_imports():
     # a module-level import, a function-level one, a package and a submodule
     assert "shardflow.storage" in GRAPH["shardflow.reader.segments"].imports
-    assert "shardflow.graph.collate" in GRAPH["shardflow.collation"].imports  # inside a method
+    assert "shardflow.graph.collate" in GRAPH["shardflow.loading.collation"].imports  # inside a method
     assert "shardflow.storage.readers.local" in GRAPH["shardflow.storage.readers"].imports
     assert len(GRAPH) > 60
 
@@ -253,19 +253,24 @@ def test_architecture_doc_names_every_top_level_folder_module_and_layer():
         assert layer in section, f"docs/architecture.md does not draw the {layer!r} layer"
 
 
-# Private names of a dependency live in its compat module (shardflow.compat), World alone asks
+# Private names of a dependency live in its compat module (shardflow.compat; the names that
+# test_private_names_of_other_packages_only_in_compat cannot tell from shardflow's own), World alone asks
 # torch which worker this is, and no shuffle rebuilds a generator from another's state.
 CONFINED = [
     (r"torch\._C\b|\._cdata\b|_typed_storage|_untyped_storage|_new_shared|data\._utils|_shutdown_workers",
      {"shardflow.compat.torch"}),
     (r"\._read_array_header\b", {"shardflow.compat.numpy"}),
     (r"\._get_headers\b|\._set_session\b", {"shardflow.compat.gcsfs"}),
+    (r"\._mapping\b|\._global_store\b|\._slice_dict\b|\._inc_dict\b|\._num_graphs\b|\._db\b"
+     r"|(?<!self)\._(?:store|key|num_nodes)\b", {"shardflow.compat.pyg"}),
+    (r"\._strip_protocol\b|\._call_s3\b", {"shardflow.compat.fsspec"}),
+    (r"\._request\b|\._credentials\b", {"shardflow.compat.aio"}),
     (r"\bget_worker_info\b", {"shardflow.world"}),
     (r"\bgetstate\(", {"shardflow.seeding"}),  # (seeding saves and restores the caller's generators)
 ]
 
 
-@pytest.mark.parametrize("pattern, allowed", CONFINED, ids=["torch", "numpy", "gcsfs", "worker_info", "random"])
+@pytest.mark.parametrize("pattern, allowed", CONFINED, ids=["torch", "numpy", "gcsfs", "pyg", "fsspec", "aio", "worker_info", "random"])
 def test_dependency_internals_stay_in_their_module(pattern, allowed):
     import re
 
@@ -277,3 +282,117 @@ def test_dependency_internals_stay_in_their_module(pattern, allowed):
         if re.search(pattern, line) and not line.lstrip().startswith("#")
     )
     assert not found, f"{pattern!r} used outside {sorted(allowed) or 'nowhere allowed'}: {found}"
+
+
+def test_the_sample_dict_is_built_in_at_most_two_places():
+    # a dict display with a "__key__" key: the sample readers hand on is built in one place
+    # (shardflow.format.tar.raw_sample), so its shape cannot drift between reading paths
+    built = sorted(
+        f"{m.name}:{node.lineno}"
+        for m in GRAPH.values()
+        for node in ast.walk(m.tree)
+        if isinstance(node, ast.Dict)
+        and any(isinstance(k, ast.Constant) and k.value == "__key__" for k in node.keys)
+    )
+    assert 1 <= len(built) <= 2, f"the sample dict is built in {len(built)} places (at most 2): {built}"
+
+
+def _stdlib(name: str) -> bool:
+    import sys
+
+    return name.split(".")[0] in sys.stdlib_module_names
+
+
+def _is_dependency(name: str) -> bool:
+    """Whether the module ``name`` belongs to another package: not shardflow, not the standard library."""
+    return not (name == "shardflow" or name.startswith("shardflow.") or _stdlib(name))
+
+
+def _own_attributes() -> set[str]:
+    """The names shardflow itself defines: functions, classes, variables, arguments, attributes it
+    sets on ``self``/``cls``, ``__slots__`` entries. A private attribute of another name is a dependency's."""
+    own: set[str] = set()
+    for m in GRAPH.values():
+        for node in ast.walk(m.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                own.add(node.attr)
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+                own.update(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    return own
+
+
+def _dependency_privates(module: Module, own: set[str]) -> list[str]:
+    """Where ``module`` imports a private name (or module) of another package, or reads or sets a private
+    attribute of one: on a name bound to its import, or on any object when shardflow defines no such name."""
+    found: list[str] = []
+    bound: dict[str, str] = {}  # local name -> the module it was imported from
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = alias.name
+                if _is_dependency(alias.name) and any(map(_is_private, alias.name.split("."))):
+                    found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = node.module
+                if _is_dependency(node.module) and any(map(_is_private, [*node.module.split("."), alias.name])):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(module.tree):
+        if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id in bound:
+            if _is_dependency(bound[base.id]):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif not (isinstance(base, ast.Name) and base.id in ("self", "cls")) and node.attr not in own:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_names_of_other_packages_only_in_compat():
+    # a dependency's private name moves without notice on an upgrade: each one is used behind a
+    # function of shardflow.compat, where tests/test_compat.py checks it is still there
+    own = _own_attributes()
+    found = {m.name: f for m in GRAPH.values()
+             if not m.name.startswith("shardflow.compat") and (f := _dependency_privates(m, own))}
+    assert not found, f"private names of other packages outside shardflow.compat (wrap them there): {found}"
+
+
+MAX_MODULES_PER_FOLDER = 15
+"""Modules (``.py`` files, ``__init__.py`` included) directly in one package folder, the top level too."""
+
+
+def test_no_package_folder_holds_more_than_15_modules():
+    folders = {PACKAGE, *(p.parent for p in PACKAGE.rglob("__init__.py"))}
+    crowded = {str(f.relative_to(PACKAGE.parent)): n for f in sorted(folders)
+               if (n := len(list(f.glob("*.py")))) > MAX_MODULES_PER_FOLDER}
+    assert not crowded, f"package folders over {MAX_MODULES_PER_FOLDER} modules (give them sub-packages): {crowded}"
+
+
+MAX_SHARED_SELF_NAMES = 12
+"""``self.`` attribute names that the modules of ``shardflow/dataset/`` may share: the dataset
+holds configuration, its epochs' runs hold every position, and no mixin spreads one object's
+state over several files."""
+
+
+def _self_names(module: Module) -> set[str]:
+    return {node.attr for node in ast.walk(module.tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+
+
+def test_the_dataset_modules_share_few_self_names():
+    modules = [m for name, m in GRAPH.items() if name.startswith("shardflow.dataset.")]
+    assert len(modules) >= 5
+    where: dict[str, list[str]] = {}
+    for m in modules:
+        for attr in _self_names(m):
+            where.setdefault(attr, []).append(m.name.rsplit(".", 1)[-1])
+    shared = {attr: sorted(ms) for attr, ms in where.items() if len(ms) > 1}
+    assert len(shared) <= MAX_SHARED_SELF_NAMES, f"{len(shared)} self. names shared across shardflow/dataset/: {shared}"

@@ -24,7 +24,7 @@ import shardflow
 from shardflow.errors import DecodeError, MissingFieldError, SampleError, ShardflowError, ShardFormatError, TruncatedShardError
 from shardflow.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample
-from shardflow.writer import write_manifest
+from shardflow.writing.writer import write_manifest
 
 pytestmark = pytest.mark.usefixtures("fast_paths")  # the reader tests run with the fast paths on and off
 

@@ -1,6 +1,6 @@
 """What DataLoader workers do for the loader: the first batch computed at ``iter()``
-(shardflow.batching.Primed), large batches stacked straight into shared memory
-(shardflow.collation) and small tensors sent by value (WorkerItem), checked inside real
+(shardflow.loading.batching.Primed), large batches stacked straight into shared memory
+(shardflow.loading.collation) and small tensors sent by value (WorkerItem), checked inside real
 worker processes."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import torch.multiprocessing  # noqa: F401 - registers torch's reductions with F
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shardflow import ShardDataset
-from shardflow.batching import Primed, WorkerItem, skip_items, take
-from shardflow.collation import collate
+from shardflow.loading.batching import Primed, WorkerItem, skip_items, take
+from shardflow.loading.collation import collate
 from shardflow.errors import ShardflowError
-from shardflow.loading import loader as make_loader
-from shardflow.transfer import BY_VALUE_MAX_BYTES
+from shardflow.loading.shardloader import loader as make_loader
+from shardflow.loading.transfer import BY_VALUE_MAX_BYTES
 from tests.helpers import make_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from shardflow import IndexedShardDataset, ShardDataset, ShardWriter
-from shardflow.indexing import index_shards
+from shardflow.writing.indexing import index_shards
 
 MiB = 1 << 20
 

@@ -66,7 +66,7 @@ def _classlabel_parquet(path: Path, labels: list[int]) -> None:
 def test_parquet_classlabel_out_of_range_is_an_error(tmp_path: Path, bad: int) -> None:
     """A ClassLabel column with names [cat, dog]: label 7 was stored as cls 7 beside
     class_to_idx {cat: 0, dog: 1}, a class no name maps to."""
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
     from shardflow.errors import ConversionError
 
     _classlabel_parquet(tmp_path / "t.parquet", [0, 1, bad])
@@ -76,7 +76,7 @@ def test_parquet_classlabel_out_of_range_is_an_error(tmp_path: Path, bad: int) -
 
 def test_parquet_classlabel_minus_one_is_kept(tmp_path: Path) -> None:
     """-1 is Hugging Face's "no label" (test splits): still converted, as cls -1."""
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.parquet import convert_parquet
 
     _classlabel_parquet(tmp_path / "t.parquet", [1, -1])
     convert_parquet(str(tmp_path / "t.parquet"), str(tmp_path / "out"))
@@ -86,7 +86,7 @@ def test_parquet_classlabel_minus_one_is_kept(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["7", "null", "true", "1.5"])
 def test_classes_from_a_text_list_of_one_name_that_parses_as_json(tmp_path: Path, name: str) -> None:
     """A one-line text list "7" was taken as the JSON number 7 and refused."""
-    from shardflow.convert.imageclasses import classes_from
+    from shardflow.convert.images.imageclasses import classes_from
 
     (tmp_path / "names.txt").write_text(f"{name}\n")
     assert classes_from(str(tmp_path / "names.txt")) == {name: 0}

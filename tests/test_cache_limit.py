@@ -9,7 +9,7 @@ import uuid
 import fsspec
 
 from shardflow.storage import IOOptions, open_chunks
-from shardflow.storage.cache import ShardCache
+from shardflow.storage.sharing.cache import ShardCache
 
 SHARD = 340_000  # ten of them: 3.4 MB
 

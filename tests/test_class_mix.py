@@ -1,4 +1,4 @@
-"""Class mix of the default shuffle (issue 30): the window shuffle (shardflow.window) spreads
+"""Class mix of the default shuffle (issue 30): the window shuffle (shardflow.planning.window) spreads
 class-sorted shards, exactly and resumably."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import convert_imagefolder
 from shardflow.inspect.batchmix import planned_mix
-from shardflow.plan import ShuffleConfig, SplitConfig, plan_epoch
-from shardflow.window import window_permutation
+from shardflow.planning.plan import ShuffleConfig, SplitConfig, plan_epoch
+from shardflow.planning.window import window_permutation
 from tests.helpers import assert_resumes, make_shards, sample_key, tiny_image
 
 CLASSES, PER, SHARD = 40, 250, 500  # 10,000 samples, classes one after the other, 2 classes a shard

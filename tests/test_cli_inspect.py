@@ -15,7 +15,7 @@ from shardflow import ShardWriter
 from shardflow.cli import main
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
 from shardflow.inspect import head, summarize
-from shardflow.writer import write_manifest
+from shardflow.writing.writer import write_manifest
 
 CLASSES = {"cat": 0, "dog": 1, "fox": 2}
 # 11 samples in shards of 4: labels 0,1,2,0,1,2,... -> cat 4, dog 4, fox 3

@@ -19,7 +19,7 @@ import pytest
 
 import shardflow
 from shardflow.format.manifest import MANIFEST_NAME
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.storage import IOOptions, ShardChangedError, iter_chunks
 from tests.helpers import assert_resumes
 from tests.servers import DroppingProxy
@@ -144,8 +144,8 @@ def test_cache_serves_the_second_epoch(cloud, tmp_path):
 
 
 def test_imagefolder_converter_writes_to_the_bucket(cloud, tmp_path):
-    imagefolder = pytest.importorskip("shardflow.convert.imagefolder")
-    from shardflow.convert.engine import ConvertOptions
+    imagefolder = pytest.importorskip("shardflow.convert.images.imagefolder")
+    from shardflow.convert.engine.engine import ConvertOptions
     src = tmp_path / "tree"
     files = {}
     for c, cls in enumerate(["cat", "dog"]):
@@ -171,7 +171,7 @@ READERS = {"gs": "GCSReader", "az": "FileReader"}
 
 def test_a_shard_is_read_by_the_cloud_s_streaming_reader(cloud):
     from shardflow.storage import readers
-    from shardflow.storage.filesystems import filesystem
+    from shardflow.storage.backends.filesystems import filesystem
 
     url = cloud.prefix + "x.tar"
     cloud.fs().pipe(url, BIG)

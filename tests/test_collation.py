@@ -15,7 +15,7 @@ pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import FakeDataset, FakeHeteroDataset  # noqa: E402
 
-from shardflow.collation import Collate  # noqa: E402
+from shardflow.loading.collation import Collate  # noqa: E402
 from shardflow.convert.pyg import to_shards  # noqa: E402
 
 FIELD = "graph.pyg"

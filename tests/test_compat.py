@@ -75,3 +75,59 @@ def test_shutdown_workers_is_a_noop_for_a_single_process_iterator():
     it = iter(loader)
     torch_compat.shutdown_workers(it)
     assert [b.tolist() for b in it] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("name", ["pyg", "fsspec", "aio"])
+def test_every_private_name_of_pyg_fsspec_aiohttp_is_there(name):
+    import importlib
+
+    compat = importlib.import_module(f"shardflow.compat.{name}")
+    assert compat.missing() == [], f"moved by an upgrade (see {compat.__name__}): {compat.missing()}"
+
+
+def test_pyg_storages_are_the_graph_attributes_and_batch_slices_what_from_data_list_records():
+    from torch_geometric.data import Batch, Data, HeteroData
+
+    from shardflow.compat import pyg
+
+    data = Data()
+    pyg.data_attributes(data)["x"] = torch.arange(3.0)  # written into the graph itself
+    assert torch.equal(data.x, torch.arange(3.0)) and pyg.data_store(data) is data.stores[0]
+    hetero = HeteroData()
+    hetero["paper"].x = torch.zeros(2)
+    hetero["paper", "cites", "paper"].edge_index = torch.zeros(2, 1, dtype=torch.long)
+    assert [pyg.store_key(s) for s in hetero.node_stores + hetero.edge_stores] == ["paper", ("paper", "cites", "paper")]
+    pyg.store_attributes(pyg.global_store(hetero))["y"] = 1
+    assert hetero.y == 1
+
+    graphs = [Data(x=torch.ones(2, 1), edge_index=torch.tensor([[0], [1]])) for _ in range(2)]
+    reference = Batch.from_data_list(graphs)
+    ours = Batch.from_data_list(graphs)
+    pyg.set_batch_slices(ours, 2, {"x": torch.tensor([0, 2, 4])}, {"x": torch.tensor([0, 0])})
+    assert ours.num_graphs == 2 and torch.equal(ours.get_example(1).x, reference.get_example(1).x)
+
+
+def test_fsspec_strip_protocol_and_s3_call_are_the_filesystems_own():
+    import inspect
+
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    from shardflow.compat import fsspec as fsspec_compat
+
+    assert fsspec_compat.strip_protocol(LocalFileSystem, "file:///a/b") == "/a/b"
+    assert fsspec_compat.strip_protocol(fsspec.filesystem("memory"), "memory://x/y.tar") == "/x/y.tar"
+    s3fs = pytest.importorskip("s3fs")
+    assert inspect.iscoroutinefunction(fsspec_compat.call_s3(s3fs.S3FileSystem(anon=True)))
+
+
+def test_aiohttp_takes_auto_decompress_per_request_and_aiobotocore_credentials_are_dropped():
+    from aiobotocore.session import AioSession
+
+    from shardflow.compat import aio
+
+    assert {"method", "auto_decompress"} <= aio.request_parameters()
+    session = AioSession()
+    session._credentials = object()
+    aio.drop_credentials(session)
+    assert session._credentials is None

@@ -12,7 +12,7 @@ from PIL import Image
 
 from shardflow import ShardDataset, ShardWriter
 from shardflow.config import ConfigError, PipelineConfig, dataset_from_config, load_config, loader_from_config, usable_cpus
-from shardflow.loading import loader as make_loader  # `shardflow.loader` is shadowed by the submodule once imported
+from shardflow.loading.shardloader import loader as make_loader  # `shardflow.loader` is shadowed by the submodule once imported
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 N = 20
@@ -40,7 +40,7 @@ def plain(sample: dict) -> dict:
 
 def test_shipped_images_and_graphs_configs() -> None:
     images = load_config(CONFIGS / "images.yaml")
-    assert images.source == "data/images/shardflow.json"
+    assert images.source == "/tmp/shardflow-demo/shards"  # what tools/demo.py writes (test_hostile_surface)
     assert images.shuffle == 1000 and images.decode == "torch" and images.fields == ("image", "cls")
     assert images.resize == (224, 224)
     assert images.batch_size == 64 and images.on_error == "raise"
@@ -89,7 +89,7 @@ def test_unknown_key_lists_the_valid_ones() -> None:
     msg = str(e.value)
     assert "unknown config key(s) 'shufle' (did you mean 'shuffle'?)" in msg
     assert "the valid keys are source, shuffle, seed, decode, fields, partial, batch_size, num_workers, drop_last, " \
-           "on_error, cache_dir, storage_options, trust_manifest_urls, samples_per_epoch" in msg
+           "on_error, cache_dir, storage_options, trust_manifest_urls, allow_incomplete, samples_per_epoch" in msg
     assert isinstance(e.value, ValueError)
 
 
@@ -176,11 +176,10 @@ def test_loader_from_config_forwards_every_loader_argument(images: Path, monkeyp
     """Each shardflow.loader keyword given to loader_from_config reaches the loader
     (max_cost and cost used to fall through to ShardDataset)."""
     import functools
-    import inspect
 
-    import shardflow.loading
+    import shardflow.loading.shardloader
 
-    real = shardflow.loading.loader
+    real = shardflow.loading.shardloader.loader
     seen: dict = {}
 
     @functools.wraps(real)
@@ -188,13 +187,14 @@ def test_loader_from_config_forwards_every_loader_argument(images: Path, monkeyp
         seen.update(kwargs)
         return real(ds, **kwargs)
 
-    monkeypatch.setattr(shardflow.loading, "loader", recording)
+    monkeypatch.setattr(shardflow.loading.shardloader, "loader", recording)
     extra = {"max_cost": 1000, "cost": "num_nodes", "timeout": 5.0, "pin_memory": False, "collate_fn": list}
     loader = loader_from_config({"source": str(images), "batch_size": 4}, **extra)
     assert {k: seen[k] for k in extra} == extra
     assert seen["batch_size"] == 4 and loader.batch_size == 4
-    # every keyword of ShardLoader (which shardflow.loader forwards to) that is not a config key is forwarded as given
-    forwarded = set(inspect.signature(shardflow.loading.ShardLoader).parameters) - {"dataset"} - set(PipelineConfig.keys())
+    # every keyword of ShardLoader (its own and torch DataLoader's, which it forwards) that is not a
+    # config key is forwarded as given
+    forwarded = set(shardflow.loading.shardloader.options()) - set(PipelineConfig.keys())
     assert set(extra) <= forwarded
 
 
@@ -206,7 +206,7 @@ def test_config_and_loader_class_are_reachable_after_import_shardflow(images: Pa
         "import shardflow\n"
         f"loader = shardflow.config.loader_from_config({{'source': {str(images)!r}, 'batch_size': 4}})\n"
         "assert type(loader) is shardflow.ShardLoader\n"
-        "assert shardflow.collate is shardflow.collation.collate\n"
+        "assert shardflow.collate is shardflow.loading.collation.collate\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import shardflow
 from shardflow.cli import main
-from shardflow.convert.arrays import RowReader, _runs, convert_arrays, inspect_array
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.records.arrays import RowReader, _runs, convert_arrays, inspect_array
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError
 
 ROWS = 5000
@@ -239,8 +239,8 @@ def test_cli(tmp_path, images, capsys):
 def test_default_chunk_is_shared_by_the_workers(tmp_path, monkeypatch):
     """Without chunk_rows, the workers together hold DEFAULT_MEMORY_BYTES of rows: a worker
     reads 32 MiB / workers at once (here 1 MiB rows: 32 rows alone, 16 each for 2 workers)."""
-    from shardflow.convert import arrays
-    from shardflow.convert.engine import ConvertOptions
+    from shardflow.convert.records import arrays
+    from shardflow.convert.engine.engine import ConvertOptions
 
     x = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.uint8, shape=(70, 1024, 1024))
     x[:] = np.arange(70, dtype=np.uint8)[:, None, None]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import convert_imagefolder
 from tests.helpers import tiny_image
 
 distributed = pytest.importorskip("distributed", reason="the Dask engine needs shardflow[dask]")
@@ -115,8 +115,8 @@ def test_parquet_and_lmdb_on_dask(cluster, tmp_path: Path) -> None:
     """Both converters' tasks (row-group pieces; LMDB key ranges) run on Dask workers: same bytes."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("lmdb")
-    from shardflow.convert.lmdb import convert_lmdb
-    from shardflow.convert.parquet import convert_parquet
+    from shardflow.convert.records.lmdb import convert_lmdb
+    from shardflow.convert.records.parquet import convert_parquet
     from tests.test_convert_lmdb import jpeg, make_lmdb
     from tests.test_convert_parquet import hf_dataset
 

@@ -2,7 +2,7 @@
 
 import os
 
-from shardflow.convert.engine import ConvertOptions, run_conversion
+from shardflow.convert.engine.engine import ConvertOptions, run_conversion
 from shardflow.format.manifest import Manifest
 
 

@@ -1,4 +1,4 @@
-"""The header check of convert imagefolder (shardflow.convert.imagecheck): corrupt images are
+"""The header check of convert imagefolder (shardflow.convert.images.imagecheck): corrupt images are
 skipped and named in the manifest and the CLI summary, or refused with on_error='raise'; valid
 images of every format, and a JPEG with data after its end, pass. Real Pillow images."""
 
@@ -15,9 +15,9 @@ from PIL import Image
 import shardflow
 from shardflow.cli import main
 from shardflow.codecs.image import decode_image
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagecheck import check_image
-from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagecheck import check_image
+from shardflow.convert.images.imagefolder import convert_imagefolder
 from shardflow.errors import ConversionError
 from tests.helpers import tiny_image
 
@@ -78,7 +78,8 @@ def test_corrupt_images_are_skipped_and_named(tmp_path: Path) -> None:
     assert [e["path"] for e in stored["skipped"]] == ["cat/c.jpg", "dog/e.png"]
     assert all(e["reason"].startswith("corrupt image: ") for e in stored["skipped"])
     assert stored["ignored"] == [{"path": "dog/notes.txt", "reason": "not an image (extension)"}]
-    assert stored["class_counts"] == {"cat": 3, "dog": 2}  # files taken by the walk, before the check
+    # the samples written, not the files the walk took before the check (issue 32)
+    assert stored["class_counts"] == {"cat": 2, "dog": 1}
     assert m.num_samples == 3
     # a re-run keeps every shard and still names the skipped files
     again = convert_imagefolder(root, str(dst), options=ConvertOptions(max_count=2, workers=1))

@@ -1,4 +1,4 @@
-"""Class indices of convert imagefolder (shardflow.convert.imageclasses): --classes-from takes
+"""Class indices of convert imagefolder (shardflow.convert.images.imageclasses): --classes-from takes
 another dataset's class_to_idx (a val split lacking a class keeps train's indices) or a JSON /
 text list of names; a class folder missing from it is an error naming it."""
 
@@ -11,9 +11,9 @@ import pytest
 
 import shardflow
 from shardflow.cli import main
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imageclasses import class_indices, classes_from
-from shardflow.convert.imagefolder import convert_imagefolder
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imageclasses import class_indices, classes_from
+from shardflow.convert.images.imagefolder import convert_imagefolder
 from shardflow.errors import ConversionError
 from tests.helpers import tiny_image
 

@@ -1,4 +1,4 @@
-"""Tests for shardflow.convert.imagefolder (cases C14, C15) and the writer under interruption (C08).
+"""Tests for shardflow.convert.images.imagefolder (cases C14, C15) and the writer under interruption (C08).
 
 Every tree is made of real image files written by Pillow; the C15 tree is 100 classes x 1,000
 hard links to a few real JPEGs. Conversions run for real (in-process or through the CLI in a
@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import (
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import (
     IMAGE_EXTENSIONS,
     key_names as _key_names,
     convert_imagefolder,
@@ -38,7 +38,7 @@ from shardflow.convert.imagefolder import (
     find_classes,
     key_to_path,
 )
-from shardflow.convert.mixorder import input_order
+from shardflow.convert.engine.mixorder import input_order
 from shardflow.errors import ConversionError
 from shardflow.format.keys import check_key, split_name
 from shardflow.format.journal import manifest_from_journal
@@ -617,7 +617,7 @@ def test_c08_writer_killed_mid_shard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("size", [-1, 0, 99, 100, 101, 5000])
 @pytest.mark.parametrize("length", [0, 100, 3 << 20])
 def test_local_tree_reads_the_whole_file_whatever_size_was_listed(tmp_path, size, length):
-    from shardflow.convert.walk import LocalTree
+    from shardflow.convert.images.walk import LocalTree
 
     data = np.random.default_rng(length).bytes(length)
     write(tmp_path / "a" / "b.jpg", data)
@@ -625,7 +625,7 @@ def test_local_tree_reads_the_whole_file_whatever_size_was_listed(tmp_path, size
 
 
 def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch):
-    from shardflow.convert.walk import LocalTree
+    from shardflow.convert.images.walk import LocalTree
 
     src = tmp_path / "src"
     write(src / "cat" / "a.jpg", image_bytes("jpeg", 1))
@@ -644,8 +644,8 @@ def test_c15_walk_memory_is_flat_in_the_file_count(big_tree: Path) -> None:
     (a held list of 100,000 descriptors alone would be ~20 MiB), so 1,000 classes stay flat too."""
     import tracemalloc
 
-    from shardflow.convert.imageclasses import ClassWalk
-    from shardflow.convert.walk import Ignored, LocalTree
+    from shardflow.convert.images.imageclasses import ClassWalk
+    from shardflow.convert.images.walk import Ignored, LocalTree
     from shardflow.format.keys import IMAGE_EXTENSIONS
 
     classes = sorted(p.name for p in big_tree.iterdir())

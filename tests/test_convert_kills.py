@@ -2,7 +2,7 @@
 uninterrupted run (issue 25, case k).
 
 Every point where a conversion makes something durable calls
-``shardflow.convert.destination.checkpoint(point)`` (a no-op). A subprocess runs the conversion
+``shardflow.convert.engine.destination.checkpoint(point)`` (a no-op). A subprocess runs the conversion
 with that function replaced by one that ``os._exit``-s at the n-th call of one point (a real kill:
 no ``finally``, no cleanup); then the same conversion runs again here, without ``overwrite``, and
 every file of the destination must equal an uninterrupted run's. Every ``(point, n)`` that the
@@ -36,7 +36,7 @@ def sample(i: int) -> dict:
 def _run(dest: Path, point: str | None = None, n: int = 0) -> tuple[int, list[str]]:
     script = textwrap.dedent(f"""
         import json, os, sys
-        from shardflow.convert import destination
+        from shardflow.convert.engine import destination
         seen, log = {{}}, []
         def checkpoint(point):
             seen[point] = seen.get(point, 0) + 1

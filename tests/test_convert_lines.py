@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import shardflow
 from shardflow.cli import main
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.lines import convert_lines, iter_lines
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.records.lines import convert_lines, iter_lines
 from shardflow.errors import ConversionError
 
 

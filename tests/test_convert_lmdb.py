@@ -23,8 +23,8 @@ from PIL import Image  # noqa: E402
 import shardflow  # noqa: E402
 from shardflow.cli import main  # noqa: E402
 from shardflow.codecs import DecodeOptions  # noqa: E402
-from shardflow.convert.engine import ConvertOptions  # noqa: E402
-from shardflow.convert.lmdb import convert_lmdb, original_key, tar_key  # noqa: E402
+from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
+from shardflow.convert.records.lmdb import convert_lmdb, original_key, tar_key  # noqa: E402
 from shardflow.errors import ConversionError, PickledValueError  # noqa: E402
 from shardflow.format.keys import check_key  # noqa: E402
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import convert_imagefolder
-from shardflow.convert.mixorder import PackedInputs, in_order, input_order
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import convert_imagefolder
+from shardflow.convert.engine.mixorder import PackedInputs, in_order, input_order
 from shardflow.errors import ConversionError
 from tests.helpers import tiny_image
 

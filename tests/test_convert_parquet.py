@@ -22,8 +22,8 @@ from PIL import Image  # noqa: E402
 
 import shardflow  # noqa: E402
 from shardflow.cli import main  # noqa: E402
-from shardflow.convert.engine import ConvertOptions  # noqa: E402
-from shardflow.convert.parquet import convert_parquet  # noqa: E402
+from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
+from shardflow.convert.records.parquet import convert_parquet  # noqa: E402
 from shardflow.errors import ConversionError  # noqa: E402
 
 NAMES = ["cat", "dog", "fish"]

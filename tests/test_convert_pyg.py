@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError, DestinationExistsError, SampleError
 
 pyg = pytest.importorskip("torch_geometric")
@@ -120,7 +120,7 @@ def read_all(folder):
 _RSS_SCRIPT = """
 import json, sys, time
 from shardflow.convert.pyg import convert_pyg
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 t = time.perf_counter()
 m = convert_pyg("tests.test_convert_pyg:c13_graphs", sys.argv[1], kwargs={"num_graphs": int(sys.argv[2])},
                 options=ConvertOptions(max_count=1000))
@@ -253,7 +253,7 @@ def test_on_disk_dataset_root(tmp_path):
 
 _SPAWN_SCRIPT = """
 import multiprocessing, sys
-from shardflow.convert.engine import ConvertOptions
+from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.convert.pyg import convert_pyg
 if __name__ == "__main__":
     multiprocessing.set_start_method("spawn")

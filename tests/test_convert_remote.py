@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import convert_imagefolder, count_images, find_classes
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import convert_imagefolder, count_images, find_classes
 from shardflow.errors import ConversionError, DestinationExistsError
 from tests.helpers import tiny_image
 

@@ -1,4 +1,4 @@
-"""Symlinks in an ImageFolder tree (shardflow.convert.walk): a folder link back into the tree
+"""Symlinks in an ImageFolder tree (shardflow.convert.images.walk): a folder link back into the tree
 (a loop through the root, a link to another class) or out of it is skipped and named, from the
 root down; out-of-tree links are followed with follow_links=True. Real trees, real links."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import shardflow
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.imagefolder import convert_imagefolder, count_images, find_classes
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.images.imagefolder import convert_imagefolder, count_images, find_classes
 from tests.helpers import tiny_image
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")

@@ -6,7 +6,7 @@ import torch
 
 import shardflow
 from shardflow.errors import ManifestError
-from shardflow.plan import ShuffleConfig, SplitConfig, cost_batches, plan_epoch
+from shardflow.planning.plan import ShuffleConfig, SplitConfig, cost_batches, plan_epoch
 
 pyg = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Data  # noqa: E402

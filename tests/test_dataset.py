@@ -309,7 +309,7 @@ def test_query_strings_are_not_globs_and_list_globs_are_refused(tmp_path):
 
 
 def test_all_empty_shards_yield_nothing_without_error(tmp_path):
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     (tmp_path / "e.tar").write_bytes(b"\0" * 1024)
     index_shards([str(tmp_path / "e.tar")])

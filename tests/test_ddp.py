@@ -43,7 +43,7 @@ PHASES = {"fork": {"context": "fork", "workers": 2, "drop_last": False}, "spawn"
 def _train_epoch(rank: int, folder: str, context: str | None, workers: int, drop_last: bool) -> dict[str, Any]:
     """One epoch of a tiny DDP model, one optimizer step per batch, on a fresh dataset and loader."""
     import shardflow
-    from shardflow.loading import loader as make_loader  # the function, whatever the import order
+    from shardflow.loading.shardloader import loader as make_loader  # the function, whatever the import order
     from shardflow.world import World
 
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from shardflow import IndexedShardDataset, ShardDataset
 from shardflow.codecs import DecodeOptions
 from shardflow.errors import SampleError, ShardflowError
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.storage import IOOptions
 from tests.diff_datasets import BOUNDARIES, COMPRESSIONS, LAYOUTS, MIB, WRITERS, Spec, spec_from_json, write_dataset, writer_compresses
 from tests.fastpaths import FAST_PATHS, FastSetting, fast_paths

@@ -1,4 +1,4 @@
-"""Elastic resumption (DESIGN §7, :mod:`shardflow.elastic`) and one batch order for any worker count.
+"""Elastic resumption (DESIGN §7, :mod:`shardflow.planning.elastic`) and one batch order for any worker count.
 
 Two ranks stop mid-epoch; the state of rank 0 alone resumes on 1, 3, 4 or 7
 ranks with 0 to 3 workers: the samples the two ranks had not taken come out
@@ -25,9 +25,9 @@ import torch.multiprocessing as mp
 
 from shardflow import ShardDataset, Source
 from shardflow.errors import StateError
-from shardflow.loading import ShardLoader
-from shardflow.loading import loader as make_loader
-from shardflow.plan import ShuffleConfig
+from shardflow.loading.shardloader import ShardLoader
+from shardflow.loading.shardloader import loader as make_loader
+from shardflow.planning.plan import ShuffleConfig
 from tests.helpers import make_shards, sample_key
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -224,7 +224,7 @@ def _job(rank: int, folder: str, init_file: str, out_dir: str) -> None:
     """Both ranks take 4 steps; rank 0 alone saves the loader state (as training scripts do);
     both ranks then build a fresh loader, load that one state and finish the epoch."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=COLLECTIVE_TIMEOUT)
-    from shardflow.loading import loader as make
+    from shardflow.loading.shardloader import loader as make
 
     def fresh() -> ShardLoader:
         ds = ShardDataset(folder, shuffle=SHUFFLE, seed=0, decode=None)  # ranks from torch.distributed

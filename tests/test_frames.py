@@ -31,7 +31,7 @@ import shardflow
 from shardflow import IndexedShardDataset, ShardDataset, ShardWriter
 from shardflow.format.frames import FRAME_BYTES, FRAME_CAP, FrameTable, FrameTableError
 from shardflow.format.limits import Limits
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.storage import IOOptions
 from tests.helpers import assert_resumes, canonical
 

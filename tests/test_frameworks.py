@@ -121,12 +121,14 @@ def test_stateful_dataloader_resumes_exactly_without_workers(tmp_path):
     assert len(full) == 20 and head + rest == full
 
 
-def test_stateful_dataloader_with_workers_does_not_resume_use_shardflow_loader(tmp_path):
+def test_stateful_dataloader_with_workers_refuses_to_resume_use_shardflow_loader(tmp_path):
     """What docs/frameworks.md says: with num_workers > 0 the worker copies' dataset states do
-    not describe the rank's position, and the resumed run repeats samples. shardflow.loader's
-    own state_dict is the way (its resume is exact for any num_workers: tests/test_resume.py)."""
+    not describe the rank's position; the resumed run repeated samples (200 of a 160-sample
+    epoch, silently) and is now refused in the worker with a StateError naming shardflow.loader
+    (its resume is exact for any num_workers: tests/test_resume.py)."""
     pytest.importorskip("torchdata.stateful_dataloader")
+    from shardflow.errors import StateError
+
     root = make_shards(tmp_path, [40, 40, 40, 40])
-    full, head, rest = _stateful_run(str(root), 2, 5)
-    seen = [k for b in head + rest for k in b]
-    assert len(seen) > 160 and len(set(seen)) == 160  # every sample, some twice
+    with pytest.raises(StateError, match="shardflow.loader"):
+        _stateful_run(str(root), 2, 5)

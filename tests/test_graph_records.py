@@ -18,11 +18,11 @@ from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import FakeDataset  # noqa: E402
 
 import shardflow  # noqa: E402
-from shardflow.collation import Collate, takes_graph_records  # noqa: E402
+from shardflow.loading.collation import Collate, takes_graph_records  # noqa: E402
 from shardflow.errors import DecodeError, SampleError  # noqa: E402
 from shardflow.graph import decode_graph, encode_graph, headers  # noqa: E402
 from shardflow.graph.records import GraphRecord, collate_records, decode_graph_record  # noqa: E402
-from shardflow.writer import ShardWriter  # noqa: E402
+from shardflow.writing.writer import ShardWriter  # noqa: E402
 from tests.test_graph_codec import assert_same_graph  # noqa: E402
 from tests.test_graph_collate import (  # noqa: E402
     assert_batch_equal,

@@ -23,9 +23,9 @@ import pytest
 from shardflow import DecodeOptions, IndexedShardDataset, IOOptions, ShardDataset
 from shardflow.errors import DecodeError, ManifestError, RemoteReadError, SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
-from shardflow.plan import ShuffleConfig
+from shardflow.planning.plan import ShuffleConfig
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
-from shardflow.indexing import index_shards
+from shardflow.writing.indexing import index_shards
 from shardflow.inspect import verify
 
 from .helpers import make_shards, sample_key

@@ -17,7 +17,7 @@ import pytest
 
 from shardflow import IOOptions, ShardDataset
 from shardflow.storage import ShardChangedError
-from shardflow.storage import cache as cache_module
+from shardflow.storage.sharing import cache as cache_module
 
 from .helpers import make_shards
 

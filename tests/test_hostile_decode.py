@@ -20,7 +20,7 @@ from shardflow.codecs import decode_field, encode_field
 from shardflow.errors import DecodeError
 from shardflow.format.limits import Limits
 from shardflow.format.tar import END_OF_ARCHIVE, encode_sample
-from shardflow.indexing import index_shards
+from shardflow.writing.indexing import index_shards
 
 from .test_hostile import MiB, peak_rss
 

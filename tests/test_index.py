@@ -46,7 +46,7 @@ def test_index_webdataset_shards_gives_exact_splits(tmp_path, capsys):
 def test_index_gzip_shard_has_no_offsets(tmp_path):
     raw = b"".join(encode_member(f"{i:03d}.txt", b"x" * i) for i in range(5)) + END_OF_ARCHIVE
     (tmp_path / "g.tar.gz").write_bytes(gzip.compress(raw))
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     m = index_shards([str(tmp_path / "g.tar.gz")])
     assert m.shards[0].samples == 5 and m.shards[0].index is None
@@ -60,7 +60,7 @@ def _tar(n):
 
 def test_index_of_framed_zstd_shards_gives_back_their_frame_tables(tmp_path):
     """Framed shards moved without their manifest: indexed, they seek again, with the writer's own tables."""
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     with shardflow.ShardWriter(str(tmp_path / "w" / "z-%06d.tar"), max_count=300, compression="zstd") as w:
         for i in range(700):
@@ -82,7 +82,7 @@ def test_index_of_other_zstd_shards(tmp_path):
     header): no offset index, it streams whole. Both record the compression."""
     import zstandard
 
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     raw = _tar(40)
     (tmp_path / "one.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
@@ -103,7 +103,7 @@ def test_index_refuses_non_adjacent_shards(tmp_path):
         b"".join(encode_member(n, b"1") for n in ["000000.a", "000001.a", "000000.b"]) + END_OF_ARCHIVE
     )
     with pytest.raises(SampleError, match="000000"):
-        from shardflow.indexing import index_shards
+        from shardflow.writing.indexing import index_shards
 
         index_shards([str(tmp_path / "bad.tar")])
     assert not (tmp_path / "shardflow.json").exists()

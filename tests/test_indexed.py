@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import shardflow
 from shardflow.errors import ManifestError, ShardFormatError
 from shardflow.format.manifest import MANIFEST_NAME, Manifest
-from shardflow.writer import ShardWriter, write_manifest
+from shardflow.writing.writer import ShardWriter, write_manifest
 from tests.helpers import handles_under
 
 SIZES = (37, 1, 50, 12, 37)  # shards of uneven size
@@ -228,3 +228,81 @@ def test_remote_memory_and_http(dataset, http_server):
             assert same({k: v for k, v in got.items() if k != "__url__"}, {k: v for k, v in seq[i].items() if k != "__url__"})
             assert got["__url__"].startswith(url.rsplit("/shardflow.json", 1)[0])
         assert same(pickle.loads(pickle.dumps(ds))[N - 1] | {"__url__": ""}, ds[-1] | {"__url__": ""})
+
+
+def write_mixed(folder) -> str:
+    """12 samples: PNG or JPEG images (one field name each), a label; ``k04``'s JPEG cannot be
+    decoded and ``k07`` has no label."""
+    import io
+
+    from PIL import Image
+
+    def encoded(fmt: str, v: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 3), (v, 2 * v, 3 * v)).save(buf, format=fmt)
+        return buf.getvalue()
+
+    with ShardWriter(f"{folder}/m-%06d.tar", max_count=5) as w:
+        for i in range(12):
+            s: dict = {"__key__": f"k{i:02d}", "cls": i}
+            if i == 4:
+                s["jpg"] = b"not a jpeg"
+            elif i % 3 == 0:
+                s["png"] = encoded("PNG", i)
+            else:
+                s["jpg"] = encoded("JPEG", i)
+            if i == 7:
+                del s["cls"]
+            w.write(s)
+    return str(folder)
+
+
+def test_fields_and_skip_match_the_streaming_dataset(tmp_path):
+    folder = write_mixed(tmp_path)
+    fields = ("image", "cls")
+    stream = shardflow.ShardDataset(folder, fields=fields, on_error="skip")
+    streamed = {s["__key__"]: s for s in stream}
+    ix = shardflow.IndexedShardDataset(folder, fields=fields, on_error="skip")
+    got = [ix[i] for i in range(len(ix))]
+    assert len(ix) == 12 and sorted(streamed) == [f"k{i:02d}" for i in range(12) if i not in (4, 7)]
+    # a bad sample's index returns the next one that reads; every other index its own sample
+    assert [s["__key__"] for s in got] == [f"k{i:02d}" for i in (0, 1, 2, 3, 5, 5, 6, 8, 8, 9, 10, 11)]
+    for s in got:
+        assert s.keys() == {"__key__", "__url__", "__source__", "image", "cls"}
+        assert same(s, streamed[s["__key__"]])
+    assert got[3]["image"].shape == (3, 4, 3) and got[3]["cls"] == 3  # "image" took the PNG of k03
+    assert {k: v for k, v in ix.stats.items() if k != "samples"} == {k: v for k, v in stream.stats.items() if k != "samples"}
+    assert (ix.stats["skipped"], ix.stats["missing_field"], ix.stats["decode"], ix.stats["samples"]) == (2, 1, 1, 12)
+
+
+def test_fields_and_raise_match_the_streaming_dataset(tmp_path):
+    from shardflow.errors import DecodeError, MissingFieldError
+
+    folder = write_mixed(tmp_path)
+    ix = shardflow.IndexedShardDataset(folder, fields=("cls",), decode=None)
+    assert ix[3] == {"__key__": "k03", "__url__": ix.urls[0], "__source__": 0, "cls": b"3"}
+    with pytest.raises(MissingFieldError) as indexed:
+        ix[7]
+    with pytest.raises(MissingFieldError) as streamed:
+        list(shardflow.ShardDataset(folder, fields=("cls",), decode=None))
+    assert str(indexed.value) == str(streamed.value) and "'k07'" in str(indexed.value)
+    with pytest.raises(DecodeError, match="'k04'"):
+        shardflow.IndexedShardDataset(folder)[4]
+    # a field no shard has, and a str for fields, are refused at construction as ShardDataset refuses them
+    with pytest.raises(MissingFieldError, match="'txt'"):
+        shardflow.IndexedShardDataset(folder, fields=("txt",))
+    with pytest.raises(TypeError, match="sequence"):
+        shardflow.IndexedShardDataset(folder, fields="cls")
+    with pytest.raises(ValueError, match="on_error"):
+        shardflow.IndexedShardDataset(folder, on_error="ignore")
+
+
+def test_warn_logs_the_bad_sample_and_a_loader_batches_every_index(tmp_path, caplog):
+    folder = write_mixed(tmp_path)
+    ix = shardflow.IndexedShardDataset(folder, fields=("image", "cls"), on_error="warn")
+    with caplog.at_level("WARNING", logger="shardflow.policy"):
+        assert ix[-8]["__key__"] == "k05"  # k04 cannot be decoded
+    assert any("'k04'" in r.getMessage() for r in caplog.records)
+    # torch's default collate takes every index: no None reaches it
+    batches = list(DataLoader(ix, batch_size=6))
+    assert [b["cls"].tolist() for b in batches] == [[0, 1, 2, 3, 5, 5], [6, 8, 8, 9, 10, 11]]

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from shardflow import ShardDataset, reader
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.reader.phases import PHASE_RATIO, first_phase, read_planned_in_phases
 from shardflow.policy import ErrorPolicy
-from shardflow.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, worker_batches
+from shardflow.planning.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, worker_batches
 from tests.helpers import assert_resumes, make_shards
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"), pytest.mark.usefixtures("fast_paths")]
@@ -61,9 +61,9 @@ def _read(data: Path, phased: bool, step: int) -> list[tuple[int, str]]:
     needed, order, first = _worker_positions(plan, step, 0, 2)
     policy = ErrorPolicy("raise")
     if phased:
-        items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, policy, ds._offsets)  # noqa: SLF001
+        items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, policy, ds.shard_offsets)
     else:
-        items = reader.read_planned(plan, needed, ds.source, ds.io, policy, ds._offsets)  # noqa: SLF001
+        items = reader.read_planned(plan, needed, ds.source, ds.io, policy, ds.shard_offsets)
     return [(pos, s["__key__"]) for pos, s in items]
 
 
@@ -172,7 +172,7 @@ def test_a_fresh_remote_start_fetches_later_shards_only_after_the_first_batchs_r
     window = {names[plan.segments[int(plan.read_segment[p])].shard] for p in range(hold + 1) if needed[p]}
     assert len(window) < len(COUNTS)  # the case under test: shards read after the first batch
     http_server.reset_stats()
-    items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, ErrorPolicy("raise"), ds._offsets)  # noqa: SLF001
+    items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, ErrorPolicy("raise"), ds.shard_offsets)
     seen = []
     for pos, sample in items:
         seen.append((pos, sample["__key__"]))
@@ -180,6 +180,6 @@ def test_a_fresh_remote_start_fetches_later_shards_only_after_the_first_batchs_r
             fetched = {k for k in http_server.stats.gets_by_path if k.endswith(".tar")}
             assert fetched <= window, (fetched, window)
     local = ShardDataset(folder, decode=None)
-    want = reader.read_planned(plan, needed, local.source, local.io, ErrorPolicy("raise"), local._offsets)  # noqa: SLF001
+    want = reader.read_planned(plan, needed, local.source, local.io, ErrorPolicy("raise"), local.shard_offsets)
     assert seen == [(pos, sample["__key__"]) for pos, sample in want]  # every needed position once, in read order
     assert {k for k in http_server.stats.gets_by_path if k.endswith(".tar")} == set(names)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import ShardflowError
-from shardflow.plan import (
+from shardflow.planning.plan import (
     RankPlan,
     Segment,
     ShuffleConfig,
@@ -72,7 +72,7 @@ def test_buffer_order_exact():
 
 @pytest.mark.parametrize("seed", [0, 7, 2**63 + 5])
 def test_buffer_draws_are_numpys_doubles_one_by_one_or_many_at_once(seed):
-    from shardflow.order import BufferDraws
+    from shardflow.planning.order import BufferDraws
 
     reference = np.random.Generator(np.random.PCG64(seed)).random(1000)  # numpy's float64 from PCG64
     draws = BufferDraws(seed)

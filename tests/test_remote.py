@@ -128,8 +128,8 @@ def _jpeg(seed: int) -> bytes:
 
 
 def test_imagefolder_converter_writes_to_s3(moto_server, s3_prefix, s3_options, tmp_path):
-    imagefolder = pytest.importorskip("shardflow.convert.imagefolder")
-    from shardflow.convert.engine import ConvertOptions
+    imagefolder = pytest.importorskip("shardflow.convert.images.imagefolder")
+    from shardflow.convert.engine.engine import ConvertOptions
 
     src = tmp_path / "tree"
     files = {}
@@ -422,7 +422,7 @@ def _retry_case(srv, tmp_path):
     want.update(write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, start=10, size=3000, start_shard=1, manifest=False))
     want.update(write(str(tmp_path / "d" / "train-%06d.tar"), 10, 10, start=20, size=200, start_shard=2, manifest=False))
     # one manifest for the three shards
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     index_shards([str(tmp_path / "d" / f"train-{i:06d}.tar") for i in range(3)])
     offsets = np.load(tmp_path / "d" / "train-000001.tar.idx.npy")
@@ -510,7 +510,7 @@ def test_compressed_shards_stream_local_and_http(kind, tmp_path, http_server):
         assert got(ds) == in_order(want)
     # indexed (a manifest with counts): exact splits. A gzip shard gets no offset index; a zstd
     # frame that declares its size gets a one-frame table, so it seeks (docs/compression.md)
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     manifest = index_shards(local_urls)
     seekable = kind == "zst"

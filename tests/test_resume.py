@@ -22,9 +22,9 @@ from shardflow import ShardDataset
 from shardflow.errors import ShardflowError, StateError
 # `shardflow.loader` (the function) is shadowed by the submodule once another test imports it:
 # take the function from its module.
-from shardflow.loading import ShardLoader
-from shardflow.loading import loader as make_loader
-from shardflow.plan import ShuffleConfig
+from shardflow.loading.shardloader import ShardLoader
+from shardflow.loading.shardloader import loader as make_loader
+from shardflow.planning.plan import ShuffleConfig
 from tests.helpers import assert_resumes, canonical, make_shards, sample_key
 
 TIMEOUT = 60
@@ -407,3 +407,28 @@ def test_resume_twice_in_one_epoch(c11: Path, c11_bare: Path, sized: bool, steps
     last.load_state_dict(state)
     got += [canonical(b) for b in last]
     assert got == record
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["manifest", "no_manifest"])
+def test_a_direct_pass_over_a_dataset_a_loader_took_has_one_state_path(c11, c11_bare, bare):
+    """Iterated directly after a loader set its batching, the dataset yields samples under its own
+    split, and its state_dict names that pass's position (the pass is an epoch run like the
+    loader's; it used to run on a copy whose position the dataset did not see)."""
+    folder = c11_bare if bare else c11
+
+    def taken() -> ShardDataset:
+        ds = ShardDataset(folder, shuffle=C11_SHUFFLE, seed=4, decode=None)
+        make_loader(ds, batch_size=8)
+        return ds
+
+    ds = taken()
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(23)]
+    state = ds.state_dict()
+    rest = [s["__key__"] for s in it]
+    assert state["kind"] == "ShardDataset" and state["epoch"] == 0 and state["remaining"]
+    assert sorted(head + rest) == [f"{i:06d}" for i in range(100)]
+    fresh = taken()
+    fresh.load_state_dict(state)
+    assert [s["__key__"] for s in fresh] == rest
+    assert ds.stats["samples"] == 100 and fresh.stats["samples"] == len(rest)

@@ -16,8 +16,8 @@ import pytest
 
 import shardflow
 from shardflow import IOOptions, ShardDataset, Source
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.lines import convert_lines
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.records.lines import convert_lines
 from shardflow.errors import RemoteReadError, ShardflowError
 from shardflow.errors import is_secret_name, redact, redact_options, redact_url
 
@@ -124,3 +124,93 @@ def test_a_convert_source_token_is_in_no_record(http_server, tmp_path: Path, cap
     assert {p.name: p.read_bytes() for p in dst.iterdir() if p.suffix == ".tar"} == before
     assert_no_secret(*ours(caplog))
     assert [s["txt"] for s in shardflow.ShardDataset(str(dst))] == ["one", "two", "three"]
+
+
+# ------------------------------------------------------------------ issue 32: what round 3 still found
+
+
+def test_a_quote_in_a_url_password_does_not_end_its_redaction(http_server, caplog) -> None:
+    """A ``'`` ended the URL pattern, so the rest of the password (and the password before it,
+    the userinfo no longer having its ``@``) was printed in ShardNotFoundError."""
+    url = http_server.url.replace("http://", "http://alice:hun'ter2@") + "/missing/train-000000.tar"
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(FileNotFoundError) as info:
+        list(ShardDataset(url, decode=None, io=IOOptions(retries=0, backoff=0.0)))
+    assert "http://***@127.0.0.1" in str(info.value)
+    assert "ter2" not in shown(info.value) and "alice" not in shown(info.value)
+    assert redact(f"not found: {url!r}") == f'not found: "{redact_url(url)}"'  # repr quotes it with "
+    assert not [m for m in ours(caplog) if "ter2" in m]
+
+
+def test_an_azure_connection_string_and_header_pairs_are_masked_in_reprs() -> None:
+    conn = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=s3cr3t-value==;"
+            "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")
+    opts = {"connection_string": conn, "headers": [("Authorization", "Bearer tok3n"), ("Accept", "x")],
+            "client_kwargs": {"headers": (("X-Api-Key", "apikey-42"),)}}
+    io = IOOptions(storage_options=opts)
+    assert_no_secret(repr(io), str(io), repr(Source("az://c/d/", storage_options=opts)))
+    assert redact_options(opts) == {
+        "connection_string": conn.replace("s3cr3t-value==", "***"),
+        "headers": [("Authorization", "***"), ("Accept", "x")],
+        "client_kwargs": {"headers": (("X-Api-Key", "***"),)},
+    }
+    assert io.storage_options["connection_string"] == conn  # what is opened is untouched
+
+
+def test_the_staging_debug_line_shows_no_password(flaky_http_server, tmp_path: Path, caplog) -> None:
+    """A failed staged fetch logged ``staging <url> from block 0 failed`` with the URL whole."""
+    from shardflow.storage.sharing import staged
+    from shardflow.storage.sharing.staging import StagedOptions, StagingScope
+
+    srv = flaky_http_server
+    srv.put("obj.bin", b"x" * 4096)
+    srv.faults.fail_next = 100
+    url = srv.url.replace("http://", "http://alice:hunter2@") + "/obj.bin?token=tok3n"
+    root = tmp_path / "area"
+    root.mkdir(mode=0o700)
+    caplog.set_level(logging.DEBUG)
+    io = StagedOptions(retries=1, backoff=0.0, staging_scope=StagingScope(str(root), 0, 2))
+    with pytest.raises(RemoteReadError) as info:
+        b"".join(staged.staged_chunks(url, 0, None, io))
+    staging_lines = [m for m in ours(caplog) if m.startswith("staging ")]
+    assert staging_lines and all("http://***@127.0.0.1" in m for m in staging_lines), staging_lines
+    assert_no_secret(shown(info.value), *ours(caplog))
+
+
+def test_the_convert_lines_summary_shows_no_query_token(http_server, tmp_path: Path, capsys) -> None:
+    from shardflow.cli import main
+
+    http_server.put("lines.txt", b"one\ntwo\n")
+    src = http_server.url + "/lines.txt?token=tok3n&part=1"
+    assert main(["convert", "lines", src, str(tmp_path / "out"), "--workers", "1"]) == 0
+    out = capsys.readouterr()
+    assert f"lines of {http_server.url}/lines.txt?token=***&part=1 ->" in out.out
+    assert_no_secret(out.out, out.err)
+
+
+def test_a_manifest_meta_key_and_class_names_are_data_not_secrets(tmp_path: Path) -> None:
+    """Redaction masked every value whose key looked secret, in the manifest too: parquet's
+    ``meta.key`` (what a sample's key is) read ``***``, and so would a class named ``token``."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from shardflow.convert.records.parquet import convert_parquet
+
+    table = pa.table({"key": ["a", "b"], "label": [0, 1]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    manifest = convert_parquet(str(tmp_path / "t.parquet"), str(tmp_path / "out"),
+                               options=ConvertOptions(workers=1))
+    assert manifest.meta["key"] == "row number over the files in order, from 0"
+    assert shardflow.ShardDataset(str(tmp_path / "out")).manifest.meta["key"] == manifest.meta["key"]
+    assert [c["column"] for c in manifest.meta["columns"]] == ["key", "label"]
+
+
+def test_classes_named_like_secrets_keep_their_indices(tmp_path: Path) -> None:
+    from shardflow.convert.images.imagefolder import convert_imagefolder
+    from tests.helpers import tiny_image
+
+    for i, name in enumerate(("password", "token")):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        (tmp_path / "src" / name / "a.png").write_bytes(tiny_image("png", i))
+    manifest = convert_imagefolder(str(tmp_path / "src"), str(tmp_path / "out"), options=ConvertOptions(workers=1))
+    assert manifest.meta["class_to_idx"] == {"password": 0, "token": 1}
+    assert sorted(s["cls"] for s in shardflow.ShardDataset(str(tmp_path / "out"))) == [0, 1]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from shardflow import ShardDataset
-from shardflow.collation import collate
-from shardflow.loading import loader as make_loader
+from shardflow.loading.collation import collate
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.seeding import batch_seed, sample_generator, sample_rng, sample_seed
 from tests.helpers import make_shards
 

@@ -124,7 +124,7 @@ def test_a_filtering_transform_repeats_batches_and_warns_with_the_count(data, ca
         assert len(loader) == 13  # exact: batches are repeated to keep it
         for epoch in range(2):
             caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="shardflow.loading"):
+            with caplog.at_level(logging.WARNING, logger="shardflow.loading.shardloader"):
                 got = batches(ds, rank, 2, epoch=epoch)
             assert len(got) == 13
             counts = Counter(k for b in got for k in b)
@@ -145,7 +145,7 @@ def test_a_filtering_transform_repeats_batches_and_warns_with_the_count(data, ca
 
 def test_keys_in_no_shard_are_named(data, caplog):
     folder, keys, selected = data
-    with caplog.at_level(logging.WARNING, logger="shardflow.selection"):
+    with caplog.at_level(logging.WARNING, logger="shardflow.planning.selection"):
         ds = shardflow.ShardDataset(str(folder), decode=None, select=[selected[0], "nope"])
     assert [s["__key__"] for s in ds] == [selected[0]]
     assert "1 of the 2 keys given are in no shard (e.g. ['nope'])" in caplog.text

@@ -11,10 +11,11 @@ import tarfile
 import numpy as np
 import pytest
 
-from shardflow import shardfile, storage
+from shardflow import storage
+from shardflow.writing import shardfile
 from shardflow.errors import SampleError
 from shardflow.format.tar import END_OF_ARCHIVE, encode_sample, iter_samples
-from shardflow.shardfile import ShardFile
+from shardflow.writing.shardfile import ShardFile
 
 SAMPLES = [(f"s{i:03d}", {"cls": b"%d" % i, "jpg": bytes([i]) * (i * 37 % 1500)}) for i in range(40)]
 SAMPLES[17] = ("big", {"a": b"x" * 5, "bin": b"\x07" * 5000, "cls": b"17"})  # a payload over the chunk

@@ -16,9 +16,9 @@ import pytest
 import shardflow
 from shardflow import ShardDataset, Source
 from shardflow.errors import SourceError
-from shardflow.loading import loader as make_loader
-from shardflow.mixing import epoch_quotas, rank_quotas
-from shardflow.plan import ShuffleConfig
+from shardflow.loading.shardloader import loader as make_loader
+from shardflow.planning.mixing import epoch_quotas, rank_quotas
+from shardflow.planning.plan import ShuffleConfig
 from tests.helpers import assert_resumes, make_shards, shard_urls
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

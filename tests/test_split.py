@@ -20,9 +20,9 @@ from shardflow import ShardDataset
 from shardflow.errors import ShardflowError
 # `shardflow.loader` (the function) is shadowed by the submodule once another test imports it:
 # take the function from its module.
-from shardflow.loading import ShardLoader
-from shardflow.loading import loader as make_loader
-from shardflow.plan import ShuffleConfig
+from shardflow.loading.shardloader import ShardLoader
+from shardflow.loading.shardloader import loader as make_loader
+from shardflow.planning.plan import ShuffleConfig
 from tests.helpers import batch_keys, keys_of, make_shards, sample_key, shard_urls, worker_collate
 
 TIMEOUT = 60  # seconds a loader waits for one batch before failing

@@ -1,5 +1,5 @@
 """A rank's DataLoader workers share remote fetches through its staging area
-(shardflow.storage.staging / staged): bytes and requests counted by the loopback
+(shardflow.storage.sharing.staging / staged): bytes and requests counted by the loopback
 HTTP server, samples compared with the 0-worker read and with the bytes written,
 a crashed fetcher taken over at the byte offset it reached, areas removed."""
 
@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 import shardflow
-from shardflow.plan import ShuffleConfig
-from shardflow.storage import IOOptions, staged, staged_blocks, staging
-from shardflow.storage.staging import StagingScope
+from shardflow.planning.plan import ShuffleConfig
+from shardflow.storage import IOOptions
+from shardflow.storage.sharing import staged
+from shardflow.storage.sharing import staged_blocks
+from shardflow.storage.sharing import staging
+from shardflow.storage.sharing.staging import StagedOptions, StagingScope
 
 FAST = IOOptions(backoff=0.0)
 REMOTE = ["http://127.0.0.1:1/train-000000.tar"]
@@ -137,7 +140,7 @@ def test_a_dead_fetchers_claim_is_taken_over_at_its_offset(http_server, tmp_path
     assert ready.wait(30)
     os.kill(dead.pid, signal.SIGKILL)
     dead.join(30)
-    io = IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2))
+    io = StagedOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2))
     srv.reset_stats()
     assert b"".join(staged.staged_chunks(url, 0, None, io)) == data
     assert srv.stats.gets == 1 and srv.stats.body_bytes == len(data) - 100_000  # continued where it was cut
@@ -151,8 +154,8 @@ def test_two_readers_share_one_fetch(http_server, tmp_path, small_blocks):
     url = srv.put("obj.bin", data)
     root = str(tmp_path / "area")
     os.makedirs(root)
-    a = staged.staged_chunks(url, 0, None, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
-    b = staged.staged_chunks(url, 1000, 400_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
+    a = staged.staged_chunks(url, 0, None, StagedOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
+    b = staged.staged_chunks(url, 1000, 400_000, StagedOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
     got_a, got_b = [next(a)], [next(b)]
     got_a += list(a)
     got_b += list(b)
@@ -195,9 +198,9 @@ def test_areas_left_by_dead_jobs_are_removed(tmp_path):
 def test_staging_is_off_where_nothing_is_shared():
     io = IOOptions()
     assert staging.staging_for(io, ["/data/a.tar", "file:///data/b.tar"], ("k",), 0, 4) is io
-    assert staging.staging_for(io, REMOTE, ("k",), 0, 1).staging_scope is not None  # a re-read is local
-    assert staging.staging_for(IOOptions(staging=False), REMOTE, ("k",), 0, 4).staging_scope is None
-    assert staging.staging_for(IOOptions(cache_dir="/tmp/c"), REMOTE, ("k",), 0, 4).staging_scope is None
+    assert staging.scope_of(staging.staging_for(io, REMOTE, ("k",), 0, 1)) is not None  # a re-read is local
+    assert staging.scope_of(staging.staging_for(IOOptions(staging=False), REMOTE, ("k",), 0, 4)) is None
+    assert staging.scope_of(staging.staging_for(IOOptions(cache_dir="/tmp/c"), REMOTE, ("k",), 0, 4)) is None
     with pytest.raises(TypeError):
         IOOptions(staging="yes")
 
@@ -214,7 +217,7 @@ def test_over_the_limit_the_most_read_unheld_blocks_go_first(tmp_path, small_blo
     root = str(tmp_path / "area")
     os.makedirs(root)
     block = staged_blocks.BLOCK
-    io = IOOptions(staging_limit=4 * block, staging_scope=StagingScope(root, 0, 2))
+    io = StagedOptions(staging_limit=4 * block, staging_scope=StagingScope(root, 0, 2))
     obj = staged_blocks.StagedObject(io.staging_scope, "http://h/x.tar", io)
     obj.record_meta(5 * block, {"size": str(5 * block), "ETag": '"e"'})
     for j in range(4):
@@ -243,7 +246,7 @@ def _later_part_staged(srv, tmp_path, seed):
     url = srv.put("obj.bin", data)
     root = str(tmp_path / "area")
     os.makedirs(root)
-    later = staged.staged_chunks(url, 200_000, 450_000, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
+    later = staged.staged_chunks(url, 200_000, 450_000, StagedOptions(backoff=0.0, staging_scope=StagingScope(root, 1, 2)))
     assert b"".join(later) == data[200_000:450_000]
     return url, data, root
 
@@ -254,7 +257,7 @@ def test_a_part_starting_inside_a_block_is_fetched_from_its_first_byte(http_serv
     srv = http_server
     url, data, root = _later_part_staged(srv, tmp_path, seed=2)
     assert srv.stats.body_bytes == 250_000  # its part only
-    whole = staged.staged_chunks(url, 0, None, IOOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
+    whole = staged.staged_chunks(url, 0, None, StagedOptions(backoff=0.0, staging_scope=StagingScope(root, 0, 2)))
     assert b"".join(whole) == data
     assert srv.stats.body_bytes == len(data)  # each byte once: before, inside and after the staged part
     # the part; the blocks before it; the bytes of its first block before it; the bytes after it

@@ -36,7 +36,7 @@ from shardflow.storage import (
     read_range,
     readahead,
 )
-from shardflow.storage.filesystems import filesystem as storage_filesystem
+from shardflow.storage.backends.filesystems import filesystem as storage_filesystem
 from tests.helpers import handles_under
 from tests.servers import FileHTTPServer, wait_until
 
@@ -975,7 +975,7 @@ def test_s3_filesystems_share_one_session_unless_the_user_sets_one(moto_server):
     """Every s3:// filesystem of a process builds its client from one aiobotocore
     session (parsed models are kept: forked workers inherit them); a profile or a
     session of the user's own is left to s3fs."""
-    from shardflow.storage import filesystems
+    from shardflow.storage.backends import filesystems
 
     opts = IOOptions(storage_options=moto_server.storage_options)
     fs_a, _ = filesystems.filesystem("s3://a/x.tar", opts)
@@ -1014,7 +1014,7 @@ def test_forked_workers_resolve_refreshable_credentials_again(moto_server, s3_pr
     import torch
 
     import shardflow
-    from shardflow.storage import filesystems
+    from shardflow.storage.backends import filesystems
 
     with shardflow.ShardWriter(s3_prefix + "t-%06d.tar", max_count=5, storage_options=moto_server.storage_options) as w:
         for i in range(20):
@@ -1097,8 +1097,8 @@ def test_local_conversion_imports_neither_fsspec_asyncio_nor_http(tmp_path):
     (tree / "a.jpg").write_bytes(tiny_image("JPEG", 0))
     script = (
         "import sys\n"
-        "from shardflow.convert.engine import ConvertOptions\n"
-        "from shardflow.convert.imagefolder import convert_imagefolder\n"
+        "from shardflow.convert.engine.engine import ConvertOptions\n"
+        "from shardflow.convert.images.imagefolder import convert_imagefolder\n"
         f"m = convert_imagefolder({str(tmp_path / 'src')!r}, {str(tmp_path / 'out')!r}, "
         "options=ConvertOptions(workers=2))\n"
         "print(m.shards[0].samples, [n for n in ('fsspec', 'asyncio', 'http.client') if n in sys.modules])\n"

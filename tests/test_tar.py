@@ -395,3 +395,21 @@ def test_grouped_runs_give_what_member_by_member_gives(blocks, chunk, sample_err
     finally:
         mp.undo()
     assert fast == slow
+
+
+def test_iter_samples_returns_where_the_walk_stopped_and_scan_shard_takes_its_samples():
+    from shardflow.format.tar import scan_shard
+
+    samples = [(f"{i:04d}", {"cls": b"%d" % i, "txt": b"x" * (100 * i)}) for i in range(20)]
+    body = b"".join(encode_sample(k, f) for k, f in samples)
+    data = body + END_OF_ARCHIVE
+    walk = iter_samples(chunked(data), "r.tar")
+    got = []
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            got.append(next(walk))
+    assert [(k, f) for k, _, f in got] == samples
+    assert stop.value.value == len(body)  # the end-of-archive marker's offset
+    assert list(iter_samples(chunked(data), "r.tar", limit=3)) == got[:3]
+    keys, offsets, fields = scan_shard(chunked(data), "r.tar")
+    assert (keys, offsets, fields) == ([k for k, _ in samples], [o for _, o, _ in got] + [len(body)], {"cls": 20, "txt": 20})

@@ -1,4 +1,4 @@
-"""Tests for shardflow.transfer: the per-worker pool of shared-memory batch buffers, in one
+"""Tests for shardflow.loading.transfer: the per-worker pool of shared-memory batch buffers, in one
 process (pickled as the DataLoader pickles) and through real DataLoader workers."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardflow import ShardDataset, transfer
-from shardflow.batching import WorkerItem
+from shardflow import ShardDataset
+from shardflow.loading import transfer
+from shardflow.loading.batching import WorkerItem
 from shardflow.codecs.image import decode_image, encode_image
-from shardflow.collation import collate
-from shardflow.loading import loader as make_loader
+from shardflow.loading.collation import collate
+from shardflow.loading.shardloader import loader as make_loader
 from tests.helpers import make_shards
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"), pytest.mark.usefixtures("fast_paths")]

@@ -13,8 +13,10 @@ import pytest
 
 import shardflow
 from shardflow.dataset.warmstart import prefetch_first
-from shardflow.storage import IOOptions, staged_blocks, staging
-from shardflow.storage.staging import StagingScope
+from shardflow.storage import IOOptions
+from shardflow.storage.sharing import staged_blocks
+from shardflow.storage.sharing import staging
+from shardflow.storage.sharing.staging import StagingScope
 
 from tests.servers import wait_until
 from tests.test_staging import serve, tar_gets, write
@@ -74,7 +76,7 @@ def test_nothing_is_requested_ahead_for_spawned_workers_or_without_staging(http_
         shardflow.loader(ds, batch_size=8, num_workers=2, multiprocessing_context=context)
         assert ds._forked_workers == (2 if context is None else 0)
         srv.reset_stats()
-        with ds._starting_workers(ds.epoch_run(2)):  # what iter() runs before starting the workers
+        with ds.epoch_run(2).start():  # what iter() runs before starting the workers
             pass
         assert srv.stats.gets == 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardflow import ShardDataset
-from shardflow.loading import loader as make_loader
+from shardflow.loading.shardloader import loader as make_loader
 from shardflow.world import World
 from tests.helpers import batch_keys, make_shards, sample_key
 

@@ -72,7 +72,7 @@ def test_train_then_val_in_one_folder_both_kept(tmp_path: Path) -> None:
 def test_rerun_of_a_series_replaces_it_and_keeps_the_others(tmp_path: Path, caplog) -> None:
     write(tmp_path, "train", 30)
     write(tmp_path, "val", 5)
-    with caplog.at_level(logging.INFO, logger="shardflow.writer"):
+    with caplog.at_level(logging.INFO, logger="shardflow.writing.writer"):
         write(tmp_path, "train", 12)  # the train series again, shorter: replaced as a whole
     assert [s.url for s in Manifest.loads((tmp_path / MANIFEST_NAME).read_bytes()).shards] == [
         "val-000000.tar", "train-000000.tar", "train-000001.tar"]

@@ -53,8 +53,8 @@ def child(src: str, dst: str, chunk_rows: int, max_count: int, workers: int) -> 
     """Run one conversion and print its memory figures as JSON."""
     import h5py  # noqa: F401 - imported before the start figure: a fixed cost, not data
 
-    from shardflow.convert.arrays import convert_arrays
-    from shardflow.convert.engine import ConvertOptions
+    from shardflow.convert.records.arrays import convert_arrays
+    from shardflow.convert.engine.engine import ConvertOptions
 
     marks = dst + ".fork-rss"
     os.makedirs(marks, exist_ok=True)

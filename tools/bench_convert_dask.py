@@ -43,8 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_convert_memory import build_tree  # noqa: E402
 
-from shardflow.convert.engine import ConvertOptions  # noqa: E402
-from shardflow.convert.imagefolder import convert_imagefolder  # noqa: E402
+from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
+from shardflow.convert.images.imagefolder import convert_imagefolder  # noqa: E402
 
 MB = 1024 * 1024
 

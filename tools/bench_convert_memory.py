@@ -139,7 +139,7 @@ def count_pass_seconds(tree: Path) -> float:
     """Time of the counting pass the CLI runs for a progress total (fresh process)."""
     code = (
         "import sys, time\n"
-        "from shardflow.convert.imagefolder import count_images\n"
+        "from shardflow.convert.images.imagefolder import count_images\n"
         "t = time.perf_counter(); n = sum(count_images(sys.argv[1]).values())\n"
         "print(time.perf_counter() - t, n)\n"
     )

@@ -104,7 +104,7 @@ def warm_up(lib: str, data: str) -> None:
 
         ds = shardflow.ShardDataset(data, decode=shardflow.DecodeOptions(image="numpy"), fields=("jpg", "cls"))
         next(iter(ds))
-        import shardflow.loading  # noqa: F401 - bench_peers.py has built a loader before (its simplejpeg epoch)
+        import shardflow.loading.shardloader  # noqa: F401 - bench_peers.py has built a loader before (its simplejpeg epoch)
     else:
         import litdata
 

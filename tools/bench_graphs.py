@@ -231,8 +231,8 @@ def step_profile(work: str) -> dict:
         "tar parse (shardflow/format/tar.py)": own("shardflow/format/tar.py"),
         "file reads (shardflow/storage/, builtin read)": own("shardflow/storage/")
         + sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "read" in fn),
-        "shuffle buffer, plan, stages (own time)": own("shardflow/reader", "shardflow/plan.py", "shardflow/source.py"),
-        "dataset + loader (own time)": own("shardflow/dataset.py", "shardflow/loading.py", "shardflow/collation.py"),
+        "shuffle buffer, plan, stages (own time)": own("shardflow/reader", "shardflow/planning/plan.py", "shardflow/sources/source.py"),
+        "dataset + loader (own time)": own("shardflow/dataset.py", "shardflow/loading/shardloader.py", "shardflow/loading/collation.py"),
         "torch DataLoader machinery (own time)": own("torch/utils/data/"),
     }
     top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]

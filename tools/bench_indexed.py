@@ -62,8 +62,8 @@ def _evict(paths: list[str]) -> None:
 
 
 def setup(work: str, rows: int) -> None:
-    from shardflow.convert.arrays import convert_arrays
-    from shardflow.convert.engine import ConvertOptions
+    from shardflow.convert.records.arrays import convert_arrays
+    from shardflow.convert.engine.engine import ConvertOptions
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(rows, *ROW_SHAPE), dtype=np.uint8)

@@ -24,8 +24,8 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardflow.convert.engine import ConvertOptions
-from shardflow.convert.parquet import convert_parquet
+from shardflow.convert.engine.engine import ConvertOptions
+from shardflow.convert.records.parquet import convert_parquet
 
 
 def peak_growth(fn) -> tuple[float, float]:

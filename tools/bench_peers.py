@@ -185,8 +185,8 @@ def convert(lib: str, tree: str, out: str, per_shard: int) -> float:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     if lib == "shardflow":
-        from shardflow.convert.engine import ConvertOptions
-        from shardflow.convert.imagefolder import convert_imagefolder
+        from shardflow.convert.engine.engine import ConvertOptions
+        from shardflow.convert.images.imagefolder import convert_imagefolder
 
         convert_imagefolder(tree, out, options=ConvertOptions(max_count=per_shard, workers=WORKERS))
     elif lib == "tar":

@@ -34,7 +34,7 @@ def make_shards(folder: str) -> None:
                 x = rng.normal(size=8).astype(np.float32)
                 sink.write({"__key__": f"{i:06d}", "x.npy": x, "y.npy": np.float32(x @ w)})
                 i += 1
-    from shardflow.indexing import index_shards
+    from shardflow.writing.indexing import index_shards
 
     index_shards(sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar")), out=folder)
 

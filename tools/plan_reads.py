@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from shardflow.plan import ShuffleConfig, SplitConfig, plan_epoch, worker_batches
+from shardflow.planning.plan import ShuffleConfig, SplitConfig, plan_epoch, worker_batches
 from shardflow.reader import SEEK_GAP
 
 

@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     tree, shards = work / "images", work / "shards"
     if rank == 0 and not (shards / "train" / "shardflow.json").exists():
         build_tree(tree)
-        from shardflow.convert.engine import ConvertOptions
-        from shardflow.convert.imagefolder import convert_imagefolder
+        from shardflow.convert.engine.engine import ConvertOptions
+        from shardflow.convert.images.imagefolder import convert_imagefolder
 
         for split in ("train", "val"):
             convert_imagefolder(tree / split, str(shards / split), options=ConvertOptions(max_count=64))

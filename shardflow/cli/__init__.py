@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Iterable, Sequence
 
-from ..errors import ShardflowError
+from ..errors import ShardflowError, redact
 
 __all__ = ["COMMANDS", "main", "build_parser", "command_in", "error_text"]
 
@@ -88,16 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_in(argv)
     parser = build_parser([command] if command in COMMANDS else [])
     args = parser.parse_args(argv)
+    from .shown import ShownFormatter, Terminated, escaped, on_sigterm
+
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    console = logging.StreamHandler()  # names escaped, secrets redacted (shardflow.cli.shown)
+    console.setFormatter(ShownFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[console])
     try:
-        return int(args.func(args) or 0)
+        with on_sigterm():
+            return int(args.func(args) or 0)
     except (ShardflowError, FileNotFoundError, FileExistsError, ValueError, ImportError) as e:  # ImportError: names the extra
-        print(f"shardflow {args.command}: error: {error_text(e)}", file=sys.stderr)
+        print(f"shardflow {args.command}: error: {escaped(redact(error_text(e)), keep=chr(10))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        why = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        more = "; the shards finished so far are kept: re-running the same command resumes" if args.command == "convert" else ""
+        print(f"shardflow {args.command}: interrupted ({why}){more}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError:  # `shardflow inspect ... | head`
         import os
 

@@ -14,9 +14,11 @@ import json
 import sys
 from typing import Any
 
+from ..policy import CONVERT_ON_ERROR
 from .convert_common import add_shard_options, options_from_args, run_converter
 from .convert_common import rate as _rate
 from .convert_stores import add_lmdb, add_parquet
+from .shown import shown
 from .units import counted
 
 KINDS = ("imagefolder", "pyg", "arrays", "lines", "parquet", "lmdb")
@@ -56,10 +58,15 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
         help="class indices of another dataset (its folder or manifest: meta.class_to_idx) or of a JSON / text "
         "list of class names, e.g. the training set's for a val split; a class folder not in it is an error",
     )  # fmt: skip
-    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+    parser.add_argument("--on-error", choices=CONVERT_ON_ERROR, default="skip",
                         help="a corrupt image: skip it and name it (default), or stop with an error")
     parser.add_argument("--follow-links", action="store_true",
                         help="follow symlinked folders that lead out of SRC (links back into SRC never are)")
+    parser.add_argument("--max-side", type=int, metavar="N",
+                        help="shrink images whose long side exceeds N pixels once, as they are packed (same format; "
+                        "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
+    parser.add_argument("--quality", type=int, default=90, metavar="Q",
+                        help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
     parser.add_argument("--order", choices=["shuffled", "walk"], default="shuffled",
                         help="shuffled (default): images in a seeded random order, every shard mixing the classes; "
                         "walk: classes one after the other, as listed (for data that must stay ordered)")
@@ -69,7 +76,7 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
 
 
 def _imagefolder(args: argparse.Namespace) -> int:
-    from ..convert.imagefolder import convert_imagefolder, count_images
+    from ..convert.images.imagefolder import convert_imagefolder, count_images
 
     options = options_from_args(args)
     # A total for the ETA costs one scandir pass that keeps counts only; it is
@@ -84,7 +91,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         line = (
             f"{counted(n, 'sample')}, {counted(len(manifest.meta['class_to_idx']), 'class', 'classes')}, "
             f"{counted(len(manifest.shards), 'shard')} "
-            f"{_rate(n, seconds, 'files')} -> {args.dst}"
+            f"{_rate(n, seconds, 'files')} -> {shown(args.dst)}"
         )
         return line + left_out(manifest.meta)
 
@@ -92,7 +99,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         lambda update, client: convert_imagefolder(
             args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
             classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
-            order=args.order, seed=args.seed,
+            max_side=args.max_side, quality=args.quality, order=args.order, seed=args.seed,
         ),
         summary,
         args=args,
@@ -117,7 +124,7 @@ def left_out(meta: dict[str, Any]) -> str:
         if not count:
             continue
         lines.append(f"{what}: {count}")
-        lines += [f"  {e['path']}: {e['reason']}" for e in entries[:SHOWN]]
+        lines += [f"  {shown(e['path'])}: {shown(e['reason'])}" for e in entries[:SHOWN]]
         if count > min(len(entries), SHOWN):
             lines.append(f"  ... and {count - min(len(entries), SHOWN)} more (meta.{what.split()[0]} in the manifest)")
     return "".join("\n" + line for line in lines)
@@ -174,7 +181,7 @@ def _pyg(args: argparse.Namespace) -> int:
         lambda update, client: convert_graphs(
             dataset, args.dst, spec=spec, field=field_name, options=options, progress=update, client=client
         ),
-        lambda m, s: f"{m.num_samples} graphs of {spec.describe()} -> {counted(len(m.shards), 'shard')} in {args.dst}",
+        lambda m, s: f"{m.num_samples} graphs of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
         desc="graphs",
         unit="graph",
@@ -186,7 +193,7 @@ def _pyg(args: argparse.Namespace) -> int:
 
 
 def _add_arrays(kinds: argparse._SubParsersAction) -> None:
-    from ..convert.arrays import IMAGE_FORMATS
+    from ..convert.records.arrays import IMAGE_FORMATS
 
     p = kinds.add_parser(
         "arrays",
@@ -209,7 +216,7 @@ def _add_arrays(kinds: argparse._SubParsersAction) -> None:
 
 
 def _arrays(args: argparse.Namespace) -> int:
-    from ..convert.arrays import convert_arrays, default_max_count, inspect_array
+    from ..convert.records.arrays import convert_arrays, default_max_count, inspect_array
 
     spec = inspect_array(args.src, args.array)
     options = options_from_args(args, max_count=args.max_count or default_max_count(spec))
@@ -225,7 +232,7 @@ def _arrays(args: argparse.Namespace) -> int:
             progress=update,
             client=client,
         ),
-        lambda m, s: f"{m.num_samples} rows of {spec.describe()} -> {counted(len(m.shards), 'shard')} in {args.dst}",
+        lambda m, s: f"{m.num_samples} rows of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
         desc="rows",
         unit="row",
@@ -256,7 +263,7 @@ def _add_lines(kinds: argparse._SubParsersAction) -> None:
 
 
 def _lines(args: argparse.Namespace) -> int:
-    from ..convert.lines import convert_lines
+    from ..convert.records.lines import convert_lines
 
     options = options_from_args(args)
     return run_converter(
@@ -264,8 +271,8 @@ def _lines(args: argparse.Namespace) -> int:
             args.src, args.dst, json_lines=args.json_lines, options=options, progress=update, client=client
         ),
         lambda m, s: (
-            f"{m.num_samples} samples from {m.meta.get('lines')} lines of {args.src} -> "
-            f"{counted(len(m.shards), 'shard')} in {args.dst}"
+            f"{m.num_samples} samples from {m.meta.get('lines')} lines of {shown(args.src)} -> "
+            f"{counted(len(m.shards), 'shard')} in {shown(args.dst)}"
         ),
         args=args,
         desc="lines",

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..errors import redact
 from .options import storage_options
 from .progress import progress_bar
 
@@ -53,11 +54,11 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
 
 
 def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:
-    """The :class:`~shardflow.convert.engine.ConvertOptions` of the shared shard options.
+    """The :class:`~shardflow.convert.engine.engine.ConvertOptions` of the shared shard options.
 
     ``max_count`` overrides ``--max-count`` (a converter that picks the shard size itself).
     """
-    from ..convert.engine import ConvertOptions
+    from ..convert.engine.engine import ConvertOptions
 
     return ConvertOptions(
         max_count=max_count if max_count is not None else args.max_count,
@@ -133,7 +134,7 @@ def run_converter(
     if progress.shards_kept:
         n = progress.shards_kept
         line += f" (kept {n} finished shard{'s' if n != 1 else ''} of an earlier run)"
-    print(line)
+    print(redact(line))  # the names in it are escaped by each summary (shardflow.cli.shown)
     return 0
 
 

@@ -1,7 +1,7 @@
 """``shardflow convert parquet`` and ``shardflow convert lmdb``: the stores datasets come in.
 
-Argument parsing only; the converters are :mod:`shardflow.convert.parquet` and
-:mod:`shardflow.convert.lmdb`.
+Argument parsing only; the converters are :mod:`shardflow.convert.records.parquet` and
+:mod:`shardflow.convert.records.lmdb`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from .convert_common import add_shard_options, options_from_args, rate, run_converter
 from .options import storage_options
+from .shown import shown
 from .units import counted
 
 __all__ = ["add_parquet", "add_lmdb"]
@@ -37,26 +38,38 @@ def add_parquet(kinds: argparse._SubParsersAction) -> None:
         "--columns", metavar="COL[:FIELD],...",
         help="columns to convert, in order, optionally renamed: image:jpg,label:cls (default: all)",
     )  # fmt: skip
+    p.add_argument(
+        "--merge-configs", action="store_true",
+        help="convert the files of several Hugging Face configs (data/, extra/, ...) into one dataset "
+        "(default: refused; give one config's folder)",
+    )  # fmt: skip
+    p.add_argument(
+        "--images-root", metavar="DIR",
+        help="read images that the files reference by path (datasets' to_parquet() of local images) from "
+        "this folder; a relative path is relative to its Parquet file, and a path out of DIR is an error",
+    )  # fmt: skip
     add_shard_options(p)
     p.set_defaults(func=_parquet)
 
 
 def _parquet(args: argparse.Namespace) -> int:
-    from ..convert.parquet import convert_parquet, count_rows
+    from ..convert.records.parquet import convert_parquet, count_rows
 
     options = options_from_args(args)
-    total = count_rows(args.src, storage_options(args.storage_option)) if sys.stderr.isatty() else None
+    total = (count_rows(args.src, storage_options(args.storage_option), merge_configs=args.merge_configs)
+             if sys.stderr.isatty() else None)  # fmt: skip
 
     def summary(m: Any, seconds: float) -> str:
         classes = m.meta.get("class_to_idx")
         named = f", {counted(len(classes), 'class', 'classes')}" if classes else ""
         files = len(m.meta.get("files", []))
         return (f"{counted(m.num_samples, 'row')} of {counted(files, 'file')}{named} -> "
-                f"{counted(len(m.shards), 'shard')} {rate(m.num_samples, seconds, 'rows')} in {args.dst}")  # fmt: skip
+                f"{counted(len(m.shards), 'shard')} {rate(m.num_samples, seconds, 'rows')} in {shown(args.dst)}")  # fmt: skip
 
     return run_converter(
         lambda update, client: convert_parquet(
-            args.src, args.dst, columns=args.columns, options=options, progress=update, client=client
+            args.src, args.dst, columns=args.columns, options=options, progress=update, client=client,
+            merge_configs=args.merge_configs, images_root=args.images_root,
         ),
         summary,
         args=args,
@@ -89,7 +102,7 @@ def add_lmdb(kinds: argparse._SubParsersAction) -> None:
 
 
 def _lmdb(args: argparse.Namespace) -> int:
-    from ..convert.lmdb import convert_lmdb, count_entries
+    from ..convert.records.lmdb import convert_lmdb, count_entries
 
     options = options_from_args(args)
     total = count_entries(args.src) if sys.stderr.isatty() else None
@@ -97,8 +110,8 @@ def _lmdb(args: argparse.Namespace) -> int:
     def summary(m: Any, seconds: float) -> str:
         changed = m.meta.get("keys", {}).get("changed", 0)
         note = f" ({counted(changed, 'key')} escaped, see meta.keys)" if changed else ""
-        return (f"{counted(m.num_samples, 'key')} of {args.src} -> {counted(len(m.shards), 'shard')} "
-                f"{rate(m.num_samples, seconds, 'keys')} in {args.dst}{note}")  # fmt: skip
+        return (f"{counted(m.num_samples, 'key')} of {shown(args.src)} -> {counted(len(m.shards), 'shard')} "
+                f"{rate(m.num_samples, seconds, 'keys')} in {shown(args.dst)}{note}")  # fmt: skip
 
     return run_converter(
         lambda update, client: convert_lmdb(

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ..indexing import index_shards
+from ..writing.indexing import index_shards
 from ..storage import IOOptions, expand_urls, is_dir, list_glob
 from ..storage.urls import SHARD_SUFFIXES, join_url
 from .options import add_io_arguments, io_options
@@ -67,7 +67,7 @@ def _check_existing(urls: list[str], out: str | None, force: bool, io: IOOptions
     """Refuse to replace a manifest that lists shards this run leaves out: their counts,
     and the converter's metadata (``class_to_idx``...), would be lost without a word."""
     from ..format.manifest import MANIFEST_NAME
-    from ..source import load_manifest
+    from ..sources.source import load_manifest
     from ..storage import exists
     from ..storage.urls import parent_url
 

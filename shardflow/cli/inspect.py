@@ -149,15 +149,18 @@ def format_summary(info: dict[str, Any]) -> str:
     for name, g in (info["graphs"] or {}).items():
         kinds = ", ".join(f"{k} x{v:,}" for k, v in g["kinds"].items())
         lines.append(f"graphs    field {name!r}: {g['graphs']:,} decoded ({kinds})")
-        lines.append(f"  nodes per graph  {_stats_line(g['nodes'])}")
-        lines.append(f"  edges per graph  {_stats_line(g['edges'])}")
+        if g["graphs"]:
+            lines.append(f"  nodes per graph  {_stats_line(g['nodes'])}")
+            lines.append(f"  edges per graph  {_stats_line(g['edges'])}")
         for t, s in g.get("node_types", {}).items():
             lines.append(f"  node type {t}: {_stats_line(s)}")
         for t, s in g.get("edge_types", {}).items():
             lines.append(f"  edge type ({', '.join(t.split('|'))}): {_stats_line(s)}")
         if g.get("attributes"):
             lines.append("  attributes       " + ", ".join(f"{k} {v}" for k, v in g["attributes"].items()))
-        if g.get("undecodable"):
+        if g.get("missing"):  # not the data's fault: a package to install
+            lines.append(f"  {g['undecodable']:,} graphs not decoded: {g['missing']}")
+        elif g.get("undecodable"):
             lines.append(f"  {g['undecodable']:,} graphs could not be decoded (run `shardflow verify`)")
     if info["first_keys"]:
         lines.append(f"first keys {', '.join(info['first_keys'])}")

@@ -23,15 +23,18 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> Itera
         yield lambda n: None
         return
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr) as bar:
+    # log lines go above the bar (tqdm.write), not into it
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr) as bar, \
+            logging_redirect_tqdm():
         yield bar.update
 
 
 def total_samples(url: str, io: IOOptions) -> int | None:
     """The number of samples of a dataset, for a bar's total: from its manifest, or
     None when there is none (the bar then counts without an end)."""
-    from ..source import resolve_source
+    from ..sources.source import resolve_source
 
     counts = resolve_source(url, io).counts
     return int(counts.sum()) if counts is not None else None

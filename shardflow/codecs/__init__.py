@@ -18,21 +18,21 @@ field named ``image`` decodes as an image.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import io
 import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import fastpath
 from ..errors import DecodeError, SampleError
+from .labels import decode_int, encode_int
 from ..format.keys import IMAGE_EXTENSIONS, codec_extension
 from ..format.limits import DEFAULT_LIMITS, MAX_GRAPH_EDGES, MAX_GRAPH_NODES, Limits
+from ..format.npy import MAGIC, header_of
 from .compressed import COMPRESSED_EXTENSIONS, compress_field, decompress_field
 
 __all__ = [
@@ -105,6 +105,10 @@ class DecodeOptions:
             (``pip install shardflow[jpeg]``; same pixels as Pillow in the tests;
             see :func:`shardflow.codecs.image.decode_image` for what still goes
             through Pillow).
+        min_side: reduced decode: JPEGs decode at the largest libjpeg reduction (1/2, 1/4,
+            1/8) that keeps the short side at least this many pixels; the exact resize is the
+            transform's (:func:`shardflow.codecs.image.decode_image` says when pixels differ
+            from a full decode). None (default): full size. Other formats are unaffected.
         max_graph_nodes: the most nodes a ``pyg`` graph (a ``Data``, or one
             node type of a ``HeteroData``) may declare through ``num_nodes`` or
             node-level rows, or imply through its largest ``edge_index`` id;
@@ -123,6 +127,7 @@ class DecodeOptions:
     exif_transpose: bool = True
     allow_pickle: bool = False
     jpeg_decoder: str = "pillow"
+    min_side: int | None = None
     max_graph_nodes: int = MAX_GRAPH_NODES
     max_graph_edges: int = MAX_GRAPH_EDGES
     limits: Limits | None = None
@@ -145,6 +150,10 @@ class DecodeOptions:
                 raise ImportError(
                     "jpeg_decoder='simplejpeg' needs simplejpeg: pip install 'shardflow[jpeg]'"
                 ) from e
+        if self.min_side is not None and (
+            isinstance(self.min_side, bool) or not isinstance(self.min_side, int) or self.min_side < 1
+        ):
+            raise ValueError(f"min_side must be a positive int or None, got {self.min_side!r}")
         for name in ("max_graph_nodes", "max_graph_edges"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -292,34 +301,6 @@ def _enc_text(value: Any, ext: str) -> bytes:
     return value.encode("utf-8")
 
 
-def _enc_int(value: Any, ext: str) -> bytes:
-    if isinstance(value, (np.integer,)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an int class index, got {type(value).__name__}")
-    return str(value).encode("ascii")
-
-
-_INT_DIGITS = 19  # an int64, the dtype the default collate stacks class indexes into
-_INT_RE = re.compile(rb"[+-]?[0-9]+")
-
-
-def _dec_int(data: bytes, options: DecodeOptions) -> int:
-    """An ASCII decimal integer that fits an int64 (surrounding whitespace allowed); a longer
-    or other value is a DecodeError here, not a bare ValueError at collate time."""
-    text = bytes(data).strip()  # bytes, bytearray or a memoryview alike
-    if not _INT_RE.fullmatch(text):
-        shown = text[:20].decode("ascii", "replace")
-        raise DecodeError(f"not an ASCII decimal integer ({len(text)} bytes, starting {shown!r})")
-    digits = len(text.lstrip(b"+-"))
-    if digits > _INT_DIGITS:
-        raise DecodeError(f"{digits} digits, more than {_INT_DIGITS} (an int64 class index)")
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise DecodeError(f"{value} does not fit an int64 class index")
-    return value
-
-
 def _enc_json(value: Any, ext: str) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -335,30 +316,17 @@ def _enc_npy(value: Any, ext: str) -> bytes:
     return buf.getvalue()
 
 
-@functools.lru_cache(maxsize=256)
-def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """Parse a .npy header dict (cached: datasets repeat a handful of headers)."""
-    meta = ast.literal_eval(header.decode("latin1"))
-    dtype = np.lib.format.descr_to_dtype(meta["descr"])
+def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
+    """Decode .npy bytes like ``np.load(allow_pickle=False)``, the header read by
+    :func:`shardflow.format.npy.header_of` (each distinct one parsed once, with the fast
+    paths on); anything else (not a ``.npy``, the ``"npy"`` fast path off) by ``np.load``."""
+    if not fastpath.enabled("npy") or len(data) < 10 or bytes(data[:6]) != MAGIC or data[6] not in (1, 2, 3):
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    shape, fortran, dtype, offset = header_of(data)
     if dtype.hasobject:
         raise ValueError("object arrays cannot be loaded without pickle")
-    return dtype, tuple(meta["shape"]), bool(meta["fortran_order"])
-
-
-def _dec_npy(data: bytes, options: DecodeOptions) -> np.ndarray:
-    """Decode .npy bytes like ``np.load(allow_pickle=False)``, parsing each distinct
-    header once (``np.load`` spends ~100 us per call in ``ast.literal_eval``)."""
-    if len(data) < 10 or bytes(data[:6]) != b"\x93NUMPY" or data[6] not in (1, 2, 3):
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    if data[6] == 1:
-        start, hlen = 10, int.from_bytes(data[8:10], "little")
-    else:
-        start, hlen = 12, int.from_bytes(data[8:12], "little")
-    # bytes() of the header alone: the cache hashes its key, and a bytearray or memoryview
-    # field (members of 1 MiB and more arrive as bytearray) is not hashable
-    dtype, shape, fortran = _npy_header(bytes(data[start : start + hlen]))
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=start + hlen)
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     return arr.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 
@@ -379,6 +347,7 @@ def _dec_image(data: bytes, options: DecodeOptions) -> Any:
         max_pixels=options.max_pixels,
         exif_transpose=options.exif_transpose,
         jpeg_decoder=options.jpeg_decoder,
+        min_side=options.min_side,
     )
 
 
@@ -427,7 +396,7 @@ def _dec_plain_pickle(data: bytes, options: DecodeOptions) -> Any:
 for _ext in ("txt", "text"):
     register_codec(_ext, _enc_text, lambda d, o: str(d, "utf-8"))  # str() takes any buffer
 for _ext in ("cls", "cls2", "idx", "index", "label"):
-    register_codec(_ext, _enc_int, _dec_int)
+    register_codec(_ext, encode_int, decode_int)
 register_codec("json", _enc_json, lambda d, o: json.loads(d if isinstance(d, (bytes, bytearray)) else bytes(d)))
 register_codec("npy", _enc_npy, _dec_npy)
 for _ext in IMAGE_EXTENSIONS:

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
-from shardflow.codecs.jpeg import decode_jpeg_pillow, decode_jpeg_simplejpeg, read_jpeg_header
+from shardflow import fastpath
+from shardflow.codecs.jpeg import decode_jpeg_pillow, decode_jpeg_simplejpeg, jpeg_scale, read_jpeg_header
 from shardflow.codecs.modes import is_high_bit, sample_depth, to_mode
 from shardflow.errors import DecodeError
 from shardflow.format.keys import IMAGE_EXTENSIONS
@@ -97,6 +98,7 @@ def decode_image(
     exif_transpose: bool = True,
     mode: str = "RGB",
     jpeg_decoder: str = "pillow",
+    min_side: int | None = None,
 ) -> Image.Image | np.ndarray | torch.Tensor:
     """Decode one image field.
 
@@ -124,6 +126,13 @@ def decode_image(
             other than RGB, CMYK/YCCK JPEGs, JPEGs with EXIF or XMP metadata (orientation)
             while ``exif_transpose`` is on, and any JPEG simplejpeg refuses (so errors are
             Pillow's).
+        min_side: reduced decode for JPEGs: decode at the largest libjpeg reduction (1/2, 1/4
+            or 1/8, :data:`~shardflow.codecs.jpeg.JPEG_SCALES`) that keeps the short side at
+            least ``min_side`` pixels, as ``PIL.Image.draft`` does, and leave the exact resize
+            to the transform. The pixels are those of ``Image.draft`` (libjpeg's DCT scaling),
+            not of a full decode followed by a resize, whenever a reduction applies, that is
+            when the short side is at least ``2 * min_side``; smaller JPEGs and every other
+            format decode exactly as without it. None (default): full size.
 
     Returns:
         The image in the requested form.
@@ -141,18 +150,20 @@ def decode_image(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if max_pixels is not None and (not isinstance(max_pixels, int) or max_pixels <= 0):
         raise ValueError(f"max_pixels must be a positive int or None, got {max_pixels!r}")
+    if min_side is not None and (isinstance(min_side, bool) or not isinstance(min_side, int) or min_side <= 0):
+        raise ValueError(f"min_side must be a positive int or None, got {min_side!r}")
     if jpeg_decoder != "pillow":
         if jpeg_decoder not in JPEG_DECODERS:
             raise ValueError(f"jpeg_decoder must be one of {JPEG_DECODERS}, got {jpeg_decoder!r}")
         if form != "pil" and mode == "RGB" and data[:2] == b"\xff\xd8":
-            fast = decode_jpeg_simplejpeg(data, max_pixels, exif_transpose)
+            fast = decode_jpeg_simplejpeg(data, max_pixels, exif_transpose, min_side)
             if fast is not None:
                 return fast if form == "numpy" else _chw_tensor(fast)
 
-    img = _load_jpeg(data, max_pixels, exif_transpose) if form != "pil" else None
+    img = _load_jpeg(data, max_pixels, exif_transpose, min_side) if form != "pil" and fastpath.enabled("jpeg") else None
     depth = None
     if img is None:
-        img = _load(data, max_pixels)
+        img = _load(data, max_pixels, min_side)
         # Read the sample depth now: transposing gives a plain Image without format or TIFF tags.
         depth = sample_depth(img)
         if exif_transpose:
@@ -174,7 +185,7 @@ def decode_image(
     return _chw_tensor(array)
 
 
-def _load_jpeg(data: bytes, max_pixels: int | None, exif_transpose: bool) -> Image.Image | None:
+def _load_jpeg(data: bytes, max_pixels: int | None, exif_transpose: bool, min_side: int | None) -> Image.Image | None:
     """A JPEG decoded by Pillow without ``Image.open`` (see :mod:`shardflow.codecs.jpeg`), or
     None where the full path must run: not such a JPEG, EXIF/XMP metadata while
     ``exif_transpose`` is on (Pillow reads the orientation), or data Pillow's decoder stopped
@@ -190,11 +201,12 @@ def _load_jpeg(data: bytes, max_pixels: int | None, exif_transpose: bool) -> Ima
             f"JPEG image of {width}x{height} = {width * height} pixels exceeds "
             f"max_pixels={max_pixels}; pass a larger max_pixels (or None) to decode it"
         )
-    return decode_jpeg_pillow(data, header)
+    return decode_jpeg_pillow(data, header, jpeg_scale(width, height, min_side))
 
 
-def _load(data: bytes, max_pixels: int | None) -> ImageFile.ImageFile:
-    """Identify, check the pixel limit, decode: ``Image.open(...).load()`` minus the global check."""
+def _load(data: bytes, max_pixels: int | None, min_side: int | None = None) -> ImageFile.ImageFile:
+    """Identify, check the pixel limit, decode: ``Image.open(...).load()`` minus the global check
+    (a JPEG at :func:`~shardflow.codecs.jpeg.jpeg_scale`'s reduction, through ``Image.draft``)."""
     img = _open_header(data)
     fmt = img.format
     width, height = img.size
@@ -203,6 +215,9 @@ def _load(data: bytes, max_pixels: int | None) -> ImageFile.ImageFile:
             f"{fmt} image of {width}x{height} = {width * height} pixels exceeds "
             f"max_pixels={max_pixels}; pass a larger max_pixels (or None) to decode it"
         )
+    scale = jpeg_scale(width, height, min_side) if fmt == "JPEG" else 1
+    if scale > 1:
+        img.draft(img.mode, (width // scale, height // scale))
     try:
         img.load()
     except Image.DecompressionBombError as e:

@@ -29,7 +29,18 @@ from PIL import Image
 
 from ..errors import DecodeError
 
-__all__ = ["JpegHeader", "read_jpeg_header", "decode_jpeg_pillow", "decode_jpeg_simplejpeg", "jpeg_has_app1"]
+__all__ = [
+    "JPEG_SCALES",
+    "JpegHeader",
+    "decode_jpeg_pillow",
+    "decode_jpeg_simplejpeg",
+    "jpeg_has_app1",
+    "jpeg_scale",
+    "read_jpeg_header",
+]
+
+JPEG_SCALES: tuple[int, ...] = (8, 4, 2, 1)
+"""The reductions libjpeg decodes at directly (1/8, 1/4, 1/2, whole), as Pillow's ``Image.draft`` uses them."""
 
 _SOF_HUFFMAN = frozenset({0xC0, 0xC1, 0xC2})  # baseline, extended sequential, progressive
 _SKIPPED = frozenset({0xC4, 0xDB, 0xDD, 0xFE} | set(range(0xE0, 0xF0)))  # DHT DQT DRI COM APPn
@@ -100,31 +111,62 @@ def read_jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
     return None
 
 
-def decode_jpeg_pillow(data: bytes | bytearray | memoryview, header: JpegHeader) -> Image.Image | None:
+def jpeg_scale(width: int, height: int, min_side: int | None) -> int:
+    """The largest libjpeg reduction that keeps a JPEG's short side at least ``min_side``.
+
+    Args:
+        width: stored width in pixels.
+        height: stored height in pixels.
+        min_side: the smallest short side wanted, in pixels; None or 0: no reduction.
+
+    Returns:
+        One of :data:`JPEG_SCALES`: the image decodes to ``ceil(width / s)`` x
+        ``ceil(height / s)`` pixels (libjpeg rounds up, as ``Image.draft`` does); 1 when even
+        1/2 would go below ``min_side``.
+    """
+    if not min_side:
+        return 1
+    short = min(width, height)
+    for s in JPEG_SCALES:
+        if -(-short // s) >= min_side:
+            return s
+    return 1
+
+
+def decode_jpeg_pillow(data: bytes | bytearray | memoryview, header: JpegHeader, scale: int = 1) -> Image.Image | None:
     """Decode with Pillow's ``jpeg`` decoder as ``Image.open(...).load()`` runs it.
 
     Args:
         data: the whole encoded image.
         header: its :func:`read_jpeg_header`.
+        scale: a reduction of :data:`JPEG_SCALES`, decoded by libjpeg itself with the decoder
+            arguments ``Image.draft`` sets (its DCT scaling: not a resize of the whole image).
 
     Returns:
         A loaded ``PIL.Image.Image`` of mode ``L`` (1 component) or ``RGB`` (3), size
-        ``(header.width, header.height)``; None when Pillow's decoder stopped (truncated or
-        corrupt data): the caller decodes through ``Image.open`` for Pillow's own error (or
-        its ``ImageFile.LOAD_TRUNCATED_IMAGES`` behaviour).
+        ``(ceil(header.width / scale), ceil(header.height / scale))``; None when Pillow's decoder
+        stopped (truncated or corrupt data): the caller decodes through ``Image.open`` for
+        Pillow's own error (or its ``ImageFile.LOAD_TRUNCATED_IMAGES`` behaviour).
     """
     mode = "L" if header.components == 1 else "RGB"
+    size = (-(-header.width // scale), -(-header.height // scale))
     try:
-        return Image.frombytes(mode, (header.width, header.height), data, "jpeg", mode, "")
+        if scale == 1:
+            return Image.frombytes(mode, size, data, "jpeg", mode, "")
+        return Image.frombytes(mode, size, data, "jpeg", mode, "", scale, 0)
     except (ValueError, OSError):  # "not enough image data", "cannot decode image data"
         return None
 
 
-def decode_jpeg_simplejpeg(data: bytes, max_pixels: int | None, exif_transpose: bool) -> np.ndarray | None:
+def decode_jpeg_simplejpeg(
+    data: bytes, max_pixels: int | None, exif_transpose: bool, min_side: int | None = None
+) -> np.ndarray | None:
     """RGB uint8 (H, W, 3) from simplejpeg, or None where Pillow must decode.
 
     None for colour spaces other than YCbCr and grey, for APP1 (EXIF/XMP) metadata while
     ``exif_transpose`` is on (Pillow applies the orientation), and for data simplejpeg refuses.
+    With ``min_side``, the JPEG is decoded at :func:`jpeg_scale`'s reduction (the same size
+    as Pillow's scaled decode).
 
     Raises:
         DecodeError: the header declares more than ``max_pixels`` pixels.
@@ -144,8 +186,13 @@ def decode_jpeg_simplejpeg(data: bytes, max_pixels: int | None, exif_transpose: 
         )
     if exif_transpose and jpeg_has_app1(data):
         return None  # EXIF or XMP: Pillow applies the orientation
+    scale = jpeg_scale(width, height, min_side)
     try:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        if scale == 1:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        return simplejpeg.decode_jpeg(
+            data, colorspace="RGB", min_factor=scale, min_height=-(-height // scale), min_width=-(-width // scale)
+        )
     except Exception:  # noqa: BLE001 - as above
         return None
 

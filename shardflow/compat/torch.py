@@ -1,7 +1,7 @@
 """torch internals that shardflow uses, each with a public fallback.
 
 * ``torch._C._storage_Use_Count(storage._cdata)``: how many tensors use a
-  storage, so that :mod:`shardflow.transfer` reuses a buffer only when nothing
+  storage, so that :mod:`shardflow.loading.transfer` reuses a buffer only when nothing
   else reads it. Without it a buffer is never reused (the slot pool stays off).
 * ``TypedStorage._new_shared`` and ``._untyped_storage``: a tensor allocated in
   shared memory directly, as ``torch.utils.data.default_collate`` does. The
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["REQUIRED", "storage_uses", "new_shared", "pin_memory", "shutdown_workers", "missing"]
+__all__ = ["REQUIRED", "storage_uses", "new_shared", "pin_memory", "shutdown_workers", "drop_iterator", "missing"]
 
 REQUIRED = (
     "torch._C._storage_Use_Count",
@@ -29,6 +29,7 @@ REQUIRED = (
     "torch.TypedStorage._untyped_storage",
     "torch.utils.data._utils.pin_memory.pin_memory",
     "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
+    "torch.utils.data.DataLoader._iterator",
 )
 """The private names used here (``tests/test_compat.py`` checks each one exists)."""
 
@@ -81,6 +82,15 @@ def shutdown_workers(iterator: Any) -> None:
         shutdown()
 
 
+def drop_iterator(loader: Any) -> None:
+    """Make a DataLoader's next ``iter()`` start new workers: its persistent iterator, if any,
+    is forgotten and its workers stopped now."""
+    iterator = getattr(loader, "_iterator", None)
+    loader._iterator = None
+    if iterator is not None:
+        shutdown_workers(iterator)
+
+
 def missing() -> list[str]:
     """The names of :data:`REQUIRED` that this torch does not have."""
     from torch.utils.data import dataloader
@@ -95,6 +105,7 @@ def missing() -> list[str]:
         "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers": hasattr(
             getattr(dataloader, "_MultiProcessingDataLoaderIter", None), "_shutdown_workers"
         ),
+        "torch.utils.data.DataLoader._iterator": "_iterator" in vars(dataloader.DataLoader([])),
     }
     return [name for name in REQUIRED if not present[name]]
 

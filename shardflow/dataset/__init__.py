@@ -1,9 +1,11 @@
-"""The streaming dataset, :class:`ShardDataset`, in five parts: the dataset itself
-(:mod:`.streaming`), a pass over it (:mod:`.iteration`), its resume state
-(:mod:`.resumable`), and the contract with the loader: the two methods it calls
-(:mod:`.contract`) and the per-epoch object it talks to (:mod:`.epochrun`)."""
+"""The streaming dataset, :class:`ShardDataset`: its configuration, size and plan
+(:mod:`.streaming`, the forms of its arguments in :mod:`.options`), its epochs
+(:mod:`.epochs`) and one run per epoch (:mod:`.epochrun`), for a direct iteration and for
+the loader alike, which holds the position, resume point, layout and stats; a worker's pass
+(:mod:`.iteration`), states checked and resumed (:mod:`.resumable`), and the first batches'
+bytes requested as forked workers start (:mod:`.warmstart`)."""
 
-from ..batching import Batching, WorkerItem
+from ..loading.batching import Batching, WorkerItem
 from ..state import STATE_VERSION
 from .epochrun import EpochRun
 from .streaming import ShardDataset, check_picklable_transform

@@ -1,4 +1,4 @@
-"""Whether a dataset's shuffle can use the window shuffle (:mod:`shardflow.window`).
+"""Whether a dataset's shuffle can use the window shuffle (:mod:`shardflow.planning.window`).
 
 The window shuffle reads every sample on its own through its shard's offset index. That is
 cheap for plain ``.tar`` shards on local disk, and costly elsewhere: from a bucket each sample
@@ -21,11 +21,11 @@ import numpy as np
 
 from .. import storage
 from ..errors import ShardflowError
-from ..plan import RankPlan, ShuffleConfig
-from ..source import ShardSet
+from ..planning.plan import RankPlan, ShuffleConfig
+from ..sources.source import ShardSet
 
 __all__ = ["effective_shuffle", "window_readable", "written_mixed", "manifest_labels", "batch_labels", "mix_stats",
-           "unmixed_warning", "RUN"]
+           "unmixed_warning", "warn_unmixed", "RUN"]
 
 RUN = 8
 """Consecutive batches of the worst run reported."""
@@ -49,7 +49,7 @@ def window_readable(source: ShardSet, io: storage.IOOptions) -> bool:
 
 def written_mixed(source: ShardSet) -> bool:
     """True when the manifest says its converter wrote the samples in a shuffled order
-    (``meta.order``, :mod:`shardflow.convert.mixorder`): the shards are mixed already."""
+    (``meta.order``, :mod:`shardflow.convert.engine.mixorder`): the shards are mixed already."""
     manifest = source.manifest
     return manifest is not None and isinstance(manifest.meta, dict) and manifest.meta.get("order") == "shuffled"
 
@@ -144,3 +144,14 @@ def unmixed_warning(dataset: Any, rank: int) -> str | None:
         f"the classes were written one after the other, and {why}. Convert with `--order shuffled` (the default), "
         "or set ShuffleConfig(window=...) on local shards"
     )
+
+
+def warn_unmixed(dataset: Any) -> None:
+    """Log :func:`unmixed_warning` once per dataset (at the loader's ``set_batching``; the
+    dataset's ``mix_warned`` attribute remembers it)."""
+    if getattr(dataset, "mix_warned", False):
+        return
+    message = unmixed_warning(dataset, dataset.world().rank)
+    if message:
+        dataset.mix_warned = True
+        log.warning("%s", message)

@@ -1,24 +1,29 @@
-"""One loader epoch of a :class:`~shardflow.dataset.ShardDataset`: the whole contract between
-the dataset and :class:`~shardflow.loading.ShardLoader`.
+"""One epoch of a :class:`~shardflow.dataset.ShardDataset`: :class:`EpochRun`, for a direct
+iteration and for :class:`~shardflow.loading.shardloader.ShardLoader` alike.
 
-The dataset hands the loader an :class:`EpochRun` (``dataset.epoch_run(...)``); the run owns
-what the epoch's iteration needs and produces: where it resumes, the batches taken per worker,
-the workers' stats merged, and its state dict. The loader talks to the run, not to the
-dataset's internals.
+The dataset holds configuration; a run holds what one epoch's iteration needs and produces:
+its epoch, where it resumes (and the layout of a resumed epoch), its position, its stats and
+its state dict. ``iter(dataset)`` starts a direct run (samples); the loader asks the dataset
+for a run per epoch (``dataset.epoch_run(...)``) and talks to that run, whose workers yield
+batch records. This is torchdata's ``Loader`` -> ``LoaderIterator`` shape: only the run
+holds a position.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..batching import WorkerItem
 from ..errors import ShardflowError
-from ..policy import merge_snapshots
+from ..loading.batching import Batching, Primed, WorkerItem, close_iter
+from ..policy import ErrorPolicy, merge_snapshots
 from ..state import ResumePoint, build_state, layout_position
+from ..world import World
+from . import iteration
+from .resumable import config
 
 __all__ = ["EpochRun"]
 
@@ -26,60 +31,51 @@ log = logging.getLogger(__name__)
 
 
 class EpochRun:
-    """One epoch of a dataset under a loader, from its start (or resume point) to its end.
+    """One epoch of a dataset, from its start (or resume point) to its end.
 
-    Made by the dataset (:meth:`~shardflow.dataset.ShardDataset.epoch_run`), not by hand.
-    Its position is a count of batches, as in Mosaic's ``state_dict(num_samples)``: with a
-    manifest the batches every rank has taken (the batch sequence does not depend on the
-    worker count); without one, the batches each worker stream has passed.
+    Made by the dataset (``iter(dataset)``, :meth:`~shardflow.dataset.ShardDataset.epoch_run`),
+    not by hand. Its position is a count of steps, as in Mosaic's ``state_dict(num_samples)``:
+    with a manifest the steps (batches of the loader, samples of a direct iteration) every
+    rank has taken (the sequence does not depend on the worker count); without one, the
+    steps each worker stream has passed.
 
     Args:
+        dataset: the dataset (its configuration).
         epoch: the epoch it reads.
-        workers: reading processes per rank.
-        sized: the dataset has a manifest (sample counts known).
-        world_size: ranks of the world the epoch runs on.
-        on_error: the dataset's ``on_error`` (named in errors).
+        workers: reading processes per rank (1 for a direct iteration).
         resume: where the epoch resumes, None when it starts afresh.
         loaded: the state ``resume`` came from, verbatim (what :meth:`state_dict` returns until
-            the run starts).
-        config: returns the dataset's configuration for a state (the ``config`` entry).
-        batches: returns this rank's batches in the epoch (sized only).
-        begin: the dataset's side of starting the epoch; returns the context to start the
-            workers in (see :meth:`start`).
+            the run starts; loader runs).
+        batching: the loader's batching (a ``"ShardLoader"`` run whose workers yield batch
+            records); None: a direct iteration (samples, a ``"ShardDataset"`` state).
 
     Attributes:
-        stats: the workers' counters, merged as batches arrive (``dataset.stats`` during and
-            after the epoch): ``samples``, ``skipped``, one per reason, ``repeated_batches``.
+        stats: the counters of the run (``dataset.stats`` during and after it): ``samples``,
+            ``skipped``, one per reason, ``repeated_batches``; a loader's merged from its
+            workers as batches arrive.
+        finished: the run reached the end of its epoch.
     """
 
     def __init__(
         self,
+        dataset: Any,
         epoch: int,
-        workers: int,
+        workers: int = 1,
         *,
-        sized: bool,
-        world_size: int,
-        on_error: str,
-        resume: ResumePoint | None,
-        loaded: Mapping[str, Any] | None,
-        config: Callable[[], dict[str, Any]],
-        batches: Callable[[], int],
-        begin: Callable[[EpochRun], AbstractContextManager[None]],
+        resume: ResumePoint | None = None,
+        loaded: Mapping[str, Any] | None = None,
+        batching: Batching | None = None,
     ) -> None:
+        self.dataset = dataset
         self.epoch = epoch
         self.workers = workers
-        self.sized = sized
-        self.world_size = world_size
-        self.on_error = on_error
         self.resume = resume
+        self.batching = batching
         self.stats: Counter[str] = Counter()
-        self._loaded = dict(loaded) if loaded is not None else None
-        self._config = config
-        self._batches = batches
-        self._begin = begin
-        self._started = False
         self.finished = False
-        self._taken = [0] * workers
+        self._loaded = dict(loaded) if loaded is not None else None
+        self._started = False
+        self._taken = [0] * workers  # steps taken from each worker (stream)
         self._next_worker = 0
         self._by_worker: dict[int, Mapping[str, Any]] = {}
         self._repeated = 0
@@ -89,20 +85,72 @@ class EpochRun:
         """True when the epoch continues from a saved position."""
         return self.resume is not None
 
+    @property
+    def layout(self) -> tuple[tuple[int, int], ...]:
+        """The earlier ``(world size, steps)`` stages of a resumed epoch (:mod:`shardflow.planning.elastic`)."""
+        return self.resume.layout if self.resume is not None else ()
+
+    def resume_for(self, epoch: int) -> ResumePoint | None:
+        """The resume point when ``epoch`` is this run's (a persistent worker's later
+        iterations read later epochs afresh), else None."""
+        return self.resume if self.resume is not None and self.resume.epoch == epoch else None
+
     def num_batches(self) -> int:
         """This rank's batches in the epoch (of the resumed share after a resume).
 
         Raises:
             TypeError: the dataset has no manifest.
         """
-        return self._batches()
+        return self.dataset.num_batches(self.workers, self.epoch, layout=self.layout)
 
     def start(self) -> AbstractContextManager[None]:
-        """Start the epoch: the dataset takes its epoch and resume point now (an ``iter()``
-        of the loader). Enter the context returned around starting the DataLoader's workers,
-        which copy them."""
+        """Start a loader's epoch: the dataset takes its epoch now (an ``iter()`` of the
+        loader). Enter the context returned around starting the DataLoader's workers,
+        which copy this run with the dataset."""
         self._started = True
-        return self._begin(self)
+        return self.dataset.starting(self)
+
+    # ------------------------------------------------------------ the passes
+
+    def samples(self, world: World) -> Iterator[Any]:
+        """A direct pass over ``world``'s share (this process, or a plain DataLoader's worker):
+        the samples; in the main process the run counts each step for :meth:`state_dict`."""
+        policy = ErrorPolicy(self.dataset.on_error)
+        self.stats = policy.stats
+        self._started = True
+        ids = iteration.units(self.dataset, world, self.epoch, self.resume, batched=False)
+        resume = self.resume
+        skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+        return self._yield_samples(world, ids, skip, policy)
+
+    def _yield_samples(self, world: World, ids: list[int], skip: int, policy: ErrorPolicy) -> Iterator[Any]:
+        items = iteration.sample_items(self.dataset, world, self.epoch, self.resume, ids, skip, policy)
+        stats, taken = policy.stats, self._taken
+        try:
+            for item in items:
+                taken[0] += 1
+                if item is None:
+                    continue
+                stats["samples"] += 1  # policy.good(), without a call per sample
+                yield item
+            policy.check_end()
+        finally:
+            close_iter(items)
+        self.finished = True
+
+    def batches(self, world: World, epoch: int) -> Iterator[WorkerItem]:
+        """A loader worker's pass (or this process's, without workers) over ``epoch``: batch
+        records (:class:`~shardflow.loading.batching.WorkerItem`)."""
+        if self.batching is None:
+            raise ShardflowError("internal: batches of a run without a batch configuration")
+        policy = ErrorPolicy(self.dataset.on_error)
+        items = iteration.batch_items(self.dataset, self.batching, world, epoch, self.resume_for(epoch), policy)
+        if World.in_worker():
+            return Primed(items)  # the first batch now, while the DataLoader starts the other workers
+        self.count_here(policy.stats)
+        return items
+
+    # ------------------------------------------------------------ the loader's side
 
     def record(self, item: WorkerItem) -> None:
         """Count a worker's item: its stats (merged into :attr:`stats`), and unless it is the
@@ -146,6 +194,7 @@ class EpochRun:
             ShardflowError: every batch of the epoch was dropped, or (several workers) the
                 pass as a whole yielded no sample.
         """
+        on_error = self.dataset.on_error
         if self._repeated:
             log.warning(
                 "epoch %s: %d batch(es) of this rank had every sample dropped (%d filtered by the transform "
@@ -153,35 +202,41 @@ class EpochRun:
                 "sample(s) seen again this epoch, so that every rank takes len(loader) steps. To select samples "
                 "without repeats, plan the selection: ShardDataset(select=...)",
                 self.epoch, self._repeated, self.stats.get("filtered", 0), self.stats.get("skipped", 0),
-                self.on_error, again,
+                on_error, again,
             )
         if owed:
             raise ShardflowError(
-                f"every sample of the epoch's batches was dropped under on_error={self.on_error!r} "
+                f"every sample of the epoch's batches was dropped under on_error={on_error!r} "
                 f"({dict(self.stats)}): there is no batch to yield"
             )
         if self.workers > 1 and self.stats["skipped"] and not self.stats["samples"]:
             # each worker only knows its own share; the pass as a whole yielded nothing
             raise ShardflowError(
                 f"the pass yielded no sample: all {self.stats['skipped']} were dropped under "
-                f"on_error={self.on_error!r} ({dict(self.stats)}); set on_error='raise' to see the first error"
+                f"on_error={on_error!r} ({dict(self.stats)}); set on_error='raise' to see the first error"
             )
         self.finished = True
 
+    # ------------------------------------------------------------ state
+
     def state_dict(self) -> dict[str, Any]:
-        """The epoch's position as a ``"ShardLoader"`` state (:mod:`shardflow.state`).
+        """The epoch's position as a state (:mod:`shardflow.state`): ``"ShardLoader"`` for a
+        loader's run, ``"ShardDataset"`` for a direct one.
 
         Before the run starts: the state it was loaded from, or the epoch from its start
-        (``remaining`` empty). Once started: the batches the loader has taken.
+        (``remaining`` empty). Once started: the steps taken.
         """
+        kind = "ShardDataset" if self.batching is None else "ShardLoader"
+        cfg = config(self.dataset, self.workers)
+        resume = self.resume
         if not self._started:
             if self._loaded is not None:
                 return dict(self._loaded)
-            return build_state("ShardLoader", self.epoch, [], 0, self._config())
-        resume = self.resume
-        if self.sized:  # the layout of the epoch: the same on every rank (see shardflow.elastic)
+            if resume is None:
+                return build_state(kind, self.epoch, [], 0, cfg)
+        if self.dataset.sized:  # the layout of the epoch: the same on every rank (see shardflow.planning.elastic)
             step = (resume.step if resume is not None else 0) + sum(self._taken)
-            remaining: list[Any] = layout_position(resume.layout if resume is not None else (), self.world_size, step)
+            remaining: list[Any] = layout_position(self.layout, self.dataset.world().world_size, step)
             next_worker = 0
         else:  # by stream: worker w may continue another stream after a resume
             skip = resume.skip if resume is not None else (0,) * self.workers
@@ -190,4 +245,4 @@ class EpochRun:
             for w, taken in enumerate(self._taken):
                 remaining[streams[w]] = skip[w] + taken
             next_worker = streams[self._next_worker]
-        return build_state("ShardLoader", self.epoch, remaining, next_worker, self._config())
+        return build_state(kind, self.epoch, remaining, next_worker, cfg)

@@ -1,47 +1,44 @@
-"""The streaming dataset: :class:`ShardDataset` (its constructor, size, plan and epochs;
-iteration, resumption and the loader's side are in the sibling modules)."""
+"""The streaming dataset: :class:`ShardDataset`, its configuration, size and plan. Its epochs
+are :class:`~shardflow.dataset.epochs.Epochs` and their runs
+(:class:`~shardflow.dataset.epochrun.EpochRun`), which hold every position."""
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset
 
 from .. import storage
-from ..batching import Batching
-from ..codecs import DecodeOptions, field_alternatives, preload, with_limits
-from ..elastic import resumed_plan
-from ..errors import MissingFieldError, ShardflowError
+from ..loading.batching import Batching
+from ..codecs import DecodeOptions, preload
+from ..planning.elastic import resumed_plan
 from ..expand import Expand
-from ..mixing import mixture_of
-from ..plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
+from ..planning.mixing import mixture_of
+from ..planning.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
 from ..seeding import generators
-from ..selection import Select, resolve_selection
+from ..planning.selection import Select, resolve_selection
 from ..policy import ErrorPolicy
-from ..source import ShardSet, Source, SourcePart, resolve_source
-from .classmix import effective_shuffle
-from ..state import ResumePoint
+from ..reader import check_fields
+from ..sources.source import ShardSet, Source, SourcePart, resolve_source
+from .classmix import effective_shuffle, warn_unmixed
 from ..transforms import map_fields
 from ..world import World
-from .contract import LoaderContract
-from .iteration import Iteration
-from .resumable import Resumable
+from .epochrun import EpochRun
+from .epochs import Epochs
+from .options import check_picklable_transform, decode_options, shuffle_config
 
 __all__ = ["ShardDataset", "check_picklable_transform"]
 
 log = logging.getLogger(__name__)
-_MAX_WORKERS = 256
 
 
-class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
+class ShardDataset(IterableDataset):
     """Stream samples from tar shards, locally or from any fsspec URL.
 
     Each sample is a dict: ``__key__`` (str), ``__url__`` (the shard's URL),
@@ -50,8 +47,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
     :mod:`shardflow.codecs`). With a manifest, every rank gets exactly the same
     number of samples per epoch, and over an epoch the ranks and DataLoader
     workers together see every sample once (plus declared padding); see
-    :mod:`shardflow.plan` for the exact rules, :mod:`shardflow.mixing` for
-    weighted mixtures and :mod:`shardflow.elastic` for resuming on another
+    :mod:`shardflow.planning.plan` for the exact rules, :mod:`shardflow.planning.mixing` for
+    weighted mixtures and :mod:`shardflow.planning.elastic` for resuming on another
     world size. Use :func:`shardflow.loader` for batching with workers and for
     resumption with workers.
 
@@ -59,14 +56,14 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         source: a folder (its ``shardflow.json`` is read first; without one,
             its ``.tar*`` files), a manifest URL, a brace pattern or glob
             (``s3://b/train-{000000..000099}.tar``), parts joined by ``::``,
-            a :class:`~shardflow.source.Source`, or a list of sources (each
+            a :class:`~shardflow.sources.source.Source`, or a list of sources (each
             entry one source: a folder, manifest or shard URL used as given,
             or a ``Source``): their union, or with weights and
             ``samples_per_epoch`` a weighted mixture.
         shuffle: False keeps the stored order (shards in manifest/URL order,
             samples in file order); True shuffles shards per epoch and samples
             through a 1,000-sample buffer; an int sets the buffer size; or a
-            :class:`~shardflow.plan.ShuffleConfig`.
+            :class:`~shardflow.planning.plan.ShuffleConfig`.
         seed: seed of every shuffle; the order is a function of
             ``(seed, epoch)`` only, the same on every machine.
         decode: ``"numpy"`` (images as uint8 arrays, shape (H, W, 3)),
@@ -88,7 +85,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             how ranks get equal counts when ``N`` is not divisible by the world size.
         samples_per_epoch: train by steps: samples per rank per epoch, drawn
             from an endless stream of reshuffled passes (in a weighted mixture,
-            shared out by weight: :mod:`shardflow.mixing`).
+            shared out by weight: :mod:`shardflow.planning.mixing`).
         rank: this process's rank; default detected (``torch.distributed``,
             else ``RANK``/``WORLD_SIZE``, else 0).
         world_size: number of ranks; give with ``rank``.
@@ -108,7 +105,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             rank (equal sample and batch counts, each selected sample once per
             epoch, no repeats; ``len()`` counts the selection). Reads every
             shard's tar headers once, here; needs a manifest and offset indexes
-            (see :mod:`shardflow.selection`).
+            (see :mod:`shardflow.planning.selection`).
 
     Raises:
         FileNotFoundError: the source lists no shard.
@@ -146,25 +143,8 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         super().__init__()
         io = storage.io_options(io, storage_options)
         self.io = io
-        if isinstance(shuffle, ShuffleConfig):
-            self.shuffle = shuffle
-        elif shuffle is True:
-            self.shuffle = ShuffleConfig()
-        elif shuffle is False or shuffle is None:
-            self.shuffle = ShuffleConfig.off()
-        elif isinstance(shuffle, int) and shuffle >= 0:
-            self.shuffle = ShuffleConfig(buffer=shuffle)
-        else:
-            raise ValueError(f"shuffle must be a bool, a buffer size or a ShuffleConfig, got {shuffle!r}")
-        if isinstance(decode, DecodeOptions):
-            self.decode = decode
-        elif decode is None:
-            self.decode = None
-        else:
-            self.decode = DecodeOptions(image=decode)
-        if max_pixels is not None:
-            self.decode = replace(self.decode or DecodeOptions(image=None), max_pixels=max_pixels)
-        self.decode = with_limits(self.decode, io.limits)  # compressed fields: the members' limits
+        self.shuffle = shuffle_config(shuffle)
+        self.decode = decode_options(decode, max_pixels, io)
         self.seed = int(seed)
         self.sample_seeding = generators(sample_seeding)  # the names; () when off
         self.fields = tuple(fields) if fields is not None else None
@@ -181,29 +161,19 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         World.detect(rank, world_size)  # validates
         self.source: ShardSet = resolve_source(source, io)
         self._selection = resolve_selection(self.source, select, io) if select is not None else None
-        self._check_fields()
-        self.shuffle = effective_shuffle(self.shuffle, self.source, io)
+        check_fields(self.source.manifest, self.fields)
+        self.shuffle = effective_shuffle(self.shuffle, self.source, io)  # (local, class-sorted shards: the window)
         m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
         self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
         if self.source.counts is None:  # fail here, not later inside a DataLoader worker
             split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
-        self.stats: Counter[str] = Counter()
         self._batching: Batching | None = None
         self._forked_workers = 0  # set_batching: DataLoader workers forked from this process
-        self._in_loader = False  # True while a shardflow.loader iterates this dataset
-        self._resume: ResumePoint | None = None
-        self._layout: tuple[int, tuple[tuple[int, int], ...]] | None = None  # (epoch, earlier stages) of a resumed epoch
-        self._user_epoch: int | None = None
         self._offset_cache: dict[int, np.ndarray | None] = {}
         self._plan_cache: tuple[tuple[Any, ...], RankPlan] | None = None
         self._cost_cache: tuple[tuple[str, ...], np.ndarray] | None = None
-        # shared with DataLoader workers (also persistent ones): [epoch, iterations per worker...]
-        self._control = torch.zeros(1 + _MAX_WORKERS, dtype=torch.int64).share_memory_()
-        self._progress: list[Any] | None = None
-        self._last_epoch = 0
-
-    # ------------------------------------------------------------ properties
+        self._epochs = Epochs()  # the epoch clock and the runs: every position is a run's
 
     @property
     def manifest(self):  # noqa: ANN201 - Manifest | None
@@ -243,18 +213,15 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
         return self.source.parts
 
-    def _check_fields(self) -> None:
-        m = self.source.manifest
-        if self.fields is None or m is None or not m.fields:
-            return
-        for f in self.fields:
-            if not any(alt in m.fields for alt in field_alternatives(f)):
-                raise MissingFieldError(
-                    f"no shard of {m.url} has the field {f!r}; the fields that exist are {sorted(m.fields)}"
-                )
+    @property
+    def selection(self) -> list[np.ndarray] | None:
+        """The selected sample numbers of each shard (``select=``), or None."""
+        return self._selection
 
-    def _split_config(self) -> SplitConfig:
-        b = self._batching
+    def split_config(self, batched: bool = True) -> SplitConfig:
+        """How the plans split an epoch: ``partial``, ``samples_per_epoch`` and, ``batched``,
+        the loader's batch size, ``drop_last`` and cost budget."""
+        b = self._batching if batched else None
         if b is None:
             return self._split
         return SplitConfig(
@@ -281,8 +248,9 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             self._cost_cache = (b.columns, costs)
         return self._cost_cache[1]
 
-    def _item_counts(self) -> np.ndarray | None:
-        """Items per shard: samples times the one-to-many count; None without a manifest."""
+    def item_counts(self) -> np.ndarray | None:
+        """Items per shard (int64, shape (shards,)): samples (selected ones with ``select=``)
+        times the one-to-many count; None without a manifest."""
         counts = self.source.counts
         if counts is not None and self._selection is not None:
             counts = np.asarray([len(c) for c in self._selection], dtype=np.int64)
@@ -303,7 +271,7 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
             TypeError: no manifest, so the length is unknown (``shardflow index``
                 writes one).
         """
-        counts = self._item_counts()
+        counts = self.item_counts()
         if counts is None:
             raise TypeError(f"this ShardDataset's length is unknown: {self.source.unsized_reason()}")
         world = self.world()
@@ -319,19 +287,19 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         ``epoch`` matters with cost-bounded batches, whose count depends on the
         epoch's order (None: :attr:`epoch`), and for a resumed epoch. ``layout``: the
         earlier ``(world size, steps)`` stages of a resumed epoch (an elastic resume,
-        :mod:`shardflow.elastic`: the count is that of the resumed share); None: those
+        :mod:`shardflow.planning.elastic`: the count is that of the resumed share); None: those
         of a state loaded for that epoch, if any.
 
         Raises:
             TypeError: no manifest.
         """
-        counts = self._item_counts()
+        counts = self.item_counts()
         if counts is None:
             raise TypeError(f"unknown number of batches: {self.source.unsized_reason()}")
-        split = self._split_config()
+        split = self.split_config()
         e = self.epoch if epoch is None else epoch
         if layout is None:
-            layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
+            layout = self._epochs.layout(e)
         if split.max_cost is not None or layout:  # cost-bounded batches, or the rest of an elastic epoch
             return self.plan(e, layout=layout).num_batches
         world = self.world()
@@ -339,21 +307,24 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         return nb
 
     def plan(
-        self, epoch: int | None = None, rank: int | None = None, *, layout: tuple[tuple[int, int], ...] | None = None
+        self, epoch: int | None = None, rank: int | None = None, *, layout: tuple[tuple[int, int], ...] | None = None,
+        batched: bool = True,
     ) -> RankPlan:
-        """The rank's plan for an epoch (see :mod:`shardflow.plan`); sized only.
+        """The rank's plan for an epoch (see :mod:`shardflow.planning.plan`); sized only.
 
         ``layout``: the earlier ``(world size, steps)`` stages of a resumed epoch
-        (:mod:`shardflow.elastic`); None: those of a loaded state for that epoch, if any."""
-        counts = self._item_counts()
+        (:mod:`shardflow.planning.elastic`); None: those of a loaded state for that epoch, if any.
+        ``batched``: under the loader's batching, if any; False: one sample a step (the
+        plan a direct iteration reads)."""
+        counts = self.item_counts()
         if counts is None:
             raise TypeError("no plan without a manifest (see `shardflow index`)")
         world = self.world()
         r = world.rank if rank is None else rank
-        e = int(self._control[0]) if epoch is None else epoch
+        e = self.epoch if epoch is None else epoch
         if layout is None:
-            layout = self._layout[1] if self._layout is not None and self._layout[0] == e else ()
-        split = self._split_config()
+            layout = self._epochs.layout(e)
+        split = self.split_config(batched)
         key = (r, e, world.world_size, self.shuffle, split, layout)
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1]
@@ -374,35 +345,94 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
 
         Without it, each new iteration advances the epoch by one, so an epoch
         is never replayed silently (also in workers, persistent or not).
-        """
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._layout = None  # a resumed epoch's layout ends with it: this one is a plain epoch
-        self._user_epoch = int(epoch)
-        self._apply_epoch(int(epoch))
 
-    def _apply_epoch(self, epoch: int) -> None:
-        self._control[0] = epoch
-        self._control[1:] = 0
+        Raises:
+            StateError: ``epoch`` is not an int in ``[0, 2**62)`` (:data:`~shardflow.state.MAX_EPOCH`;
+                seeds are derived from the epoch in 64 bits).
+        """
+        self._epochs.choose(epoch)
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration (since the last ``set_epoch``) starts from."""
-        return int(self._control[0])
+        return self._epochs.epoch
 
-    def _begin(self, worker: int) -> int:
-        """Called at the start of every iteration in the process that iterates."""
-        if worker >= _MAX_WORKERS:
-            raise ShardflowError(f"at most {_MAX_WORKERS} DataLoader workers are supported")
-        if not World.in_worker():
-            # Iterating in this process: advance the epoch for every worker slot, so that
-            # DataLoader workers forked later (each counting its own iterations) agree.
-            epoch = int(self._control[0]) + int(self._control[1])
-            self._apply_epoch(epoch + 1)
-            return epoch
-        n = int(self._control[1 + worker])
-        self._control[1 + worker] = n + 1
-        return int(self._control[0]) + n
+    @property
+    def stats(self) -> Counter[str]:
+        """The counters of the last epoch run in this process (see :class:`~shardflow.policy.ErrorPolicy`;
+        a loader's merged from its workers, with ``repeated_batches``)."""
+        run = self._epochs.current
+        return run.stats if run is not None else Counter()
+
+    def __iter__(self) -> Iterator[Any]:
+        """A pass over this rank's (and DataLoader worker's) share of the next epoch: its
+        samples, under the dataset's own split (also after a loader took the dataset)."""
+        return self._epochs.iterate(self)
+
+    def shard_offsets(self, shard: int) -> np.ndarray | None:
+        """A shard's offset index (None without one), loaded once per process.
+        (The shard's size is checked against the manifest when it is opened.)"""
+        if shard not in self._offset_cache:
+            self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
+        return self._offset_cache[shard]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the current epoch when iterating in this process.
+
+        Taken mid-epoch and loaded into a fresh dataset, iteration continues
+        with exactly the samples not yet yielded, in the same order. With
+        DataLoader workers use the state of :func:`shardflow.loader` instead:
+        the dataset in the main process cannot see what workers yielded.
+        """
+        return self._epochs.state_dict(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration continues that epoch.
+
+        Raises:
+            StateError: another version, or a different configuration (the
+                message lists each difference).
+        """
+        self._epochs.load_state_dict(self, state)
+
+    def set_batching(self, batching: Batching | None, num_workers: int = 1, *, forked: bool = False) -> None:
+        """Let DataLoader workers batch and collate (:func:`shardflow.loader` calls this);
+        None: yield samples. ``num_workers``: the loader's workers per rank; ``forked``: they
+        are forked from this process, which requests their first batches' bytes as they
+        start (:mod:`.warmstart`)."""
+        self._batching = batching
+        self._forked_workers = num_workers if forked and batching is not None else 0
+        warn_unmixed(self)
+        if batching is not None and batching.drop_last and num_workers > 1 and not self.sized:
+            log.warning(
+                "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "
+                "per epoch, or everything when a worker holds less than one batch); write a manifest with "
+                "`shardflow index` for one drop per rank",
+                num_workers,
+            )
+
+    @property
+    def batching(self) -> Batching | None:
+        """The loader's batching, or None when the dataset yields samples."""
+        return self._batching
+
+    def epoch_run(
+        self, num_workers: int, *, after: EpochRun | None = None, state: Mapping[str, Any] | None = None
+    ) -> EpochRun:
+        """The loader epoch that the next loader iteration reads, not started yet: that of
+        ``state``, else the one given to :meth:`set_epoch` since the last loader epoch
+        began, else the one after ``after`` (the loader's previous run), else :attr:`epoch`.
+
+        Raises:
+            StateError: ``state`` (a ``"ShardLoader"`` state) is of another kind, version or
+                configuration (each difference named), or holds values no run could save.
+        """
+        return self._epochs.next_run(self, num_workers, after=after, state=state)
+
+    def starting(self, run: EpochRun) -> AbstractContextManager[None]:
+        """The context to start a loader run's DataLoader workers in (``run.start()``): they
+        copy the run with the dataset and yield its batch records."""
+        return self._epochs.starting(self, run, self._forked_workers)
 
     def __getstate__(self) -> dict[str, Any]:
         self.world()  # pickled for spawn workers: carry the ranks detected now
@@ -411,17 +441,3 @@ class ShardDataset(Iteration, Resumable, LoaderContract, IterableDataset):
         state["_plan_cache"] = None
         check_picklable_transform(self.transform)
         return state
-
-
-def check_picklable_transform(transform: Any) -> None:
-    """Raise a clear TypeError if a user transform cannot reach spawned DataLoader workers."""
-    if transform is None:
-        return
-    try:
-        pickle.dumps(transform)
-    except Exception as e:
-        raise TypeError(
-            f"the transform {transform!r} cannot be pickled ({e}), so it cannot reach DataLoader "
-            "workers started with 'spawn' or 'forkserver'; define it at module level (not a lambda or a "
-            "local function), or use the 'fork' start method"
-        ) from e

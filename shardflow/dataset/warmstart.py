@@ -3,14 +3,14 @@
 On a link with latency, a worker's first request goes out only once the worker is forked,
 has set up its pipeline and made its own store client: with several workers on few cores,
 that is several tenths of a second after ``iter()``. The rank's workers share their fetches
-through a staging area (:mod:`shardflow.storage.staging`), so the main process can start
+through a staging area (:mod:`shardflow.storage.sharing.staging`), so the main process can start
 those fetches itself, at ``iter()``, into the area the workers are about to read: the bytes
 are on their way while the workers start, and a worker that needs them waits for them there
 as it would for another worker's fetch.
 
 Only the shards of the workers' first batches that the rank reads whole are fetched (from
 the start, as a worker reading them whole would fetch them), each up to
-:data:`~shardflow.storage.staged.PREFETCH_BYTES`: the first batches' bytes, not large shards
+:data:`~shardflow.storage.sharing.staged.PREFETCH_BYTES`: the first batches' bytes, not large shards
 through the training process. Every byte is still fetched once per rank, in the same
 requests for shards up to that size (one more per larger shard: the worker fetches on
 from the next block).
@@ -19,7 +19,6 @@ from the next block).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -50,15 +49,16 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     if num_workers < 1 or not ds.sized or ds.expand is not None:
         return
     world = ds.world()
-    # the key a forked worker computes: its parent's (this) process id, rank, world size, epoch
-    io = storage.staging_for(ds.io, ds.source.urls, (os.getpid(), world.rank, world.world_size, epoch), 0, num_workers)
-    if io.staging_scope is None:
+    # the key a forked worker computes: its parent's (this) job, rank, world size, epoch
+    io = storage.staging_for(ds.io, ds.source.urls, (storage.job_id(False), world.rank, world.world_size, epoch), 0, num_workers)
+    scope = storage.scope_of(io)
+    if scope is None:
         return
     plan = ds.plan(epoch, world.rank)
     shards = _first_shards(plan, ds.source, min(num_workers, plan.num_batches))
     if not shards:
         return
-    users = storage.enter_area(io.staging_scope)  # no sweep removes the area before the workers enter it
+    users = storage.enter_area(scope)  # no sweep removes the area before the workers enter it
     fetches = []
     try:
         for shard in shards:

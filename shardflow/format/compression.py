@@ -9,10 +9,17 @@ from typing import Any
 
 from shardflow.errors import ShardFormatError, TruncatedShardError, missing_dependency
 
-__all__ = ["GZIP_MAGIC", "ZSTD_MAGIC", "ZstdFrames", "decompressing_chunks"]
+__all__ = ["GZIP_MAGIC", "ZSTD_MAGIC", "SHARD_SUFFIXES", "COMPRESSED_SUFFIXES", "ZstdFrames", "decompressing_chunks"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
+"""How a shard file's name ends: a tar, or one compressed with gzip or zstd (the one list:
+sources, ``shardflow index``, the converters' destination and the manifest checks use it)."""
+
+COMPRESSED_SUFFIXES = SHARD_SUFFIXES[1:]
+"""The suffixes of :data:`SHARD_SUFFIXES` of compressed shards."""
 _DECOMPRESS_OUT = 1 << 22  # bytes of decompressed output per yielded chunk, at most
 _ZSTD_IN = 1 << 17  # bytes of zstd input the stream reader takes at a time
 

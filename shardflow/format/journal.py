@@ -74,7 +74,7 @@ def manifest_from_journal(data: bytes, url: str, verify: Callable[[ShardInfo], b
         data: the journal's bytes.
         url: the manifest URL this stands for (shard URLs resolve against its folder).
         verify: checks an uncommitted shard against its files (see
-            :func:`shardflow.storage.folder.verify_shard`).
+            :func:`shardflow.storage.writing.folder.verify_shard`).
 
     Raises:
         ManifestError: the first line is not a shardflow journal header, or a

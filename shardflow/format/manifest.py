@@ -28,7 +28,9 @@ import numpy as np
 
 from ..errors import ManifestError
 from .keys import codec_extension
+from .compression import COMPRESSED_SUFFIXES
 from .limits import Limits
+from .npy import header_of
 
 __all__ = [
     "MANIFEST_NAME",
@@ -226,7 +228,7 @@ def encode_offsets(offsets: Sequence[Any] | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-_COMPRESSED = (".gz", ".tgz", ".zst", ".zstd")
+_COMPRESSED = tuple(s[s.rindex(".") :] for s in COMPRESSED_SUFFIXES)  # .gz, .tgz, .zst, .zstd: any last one
 _BLOCK = 512  # tar headers start on 512-byte blocks
 
 
@@ -256,43 +258,17 @@ def check_counts(manifest: Manifest, limits: Limits) -> None:
             )
 
 
-# The header np.save writes for a little-endian integer array in C order (what shardflow
-# writes), matched exactly; any other header is parsed by numpy's own (slower) parser.
-_NPY_PLAIN = re.compile(rb"\{'descr': '([<|][iu][1248])', 'fortran_order': False, 'shape': \(((?:\d+, )*\d*),?\), \} *\n")
-
-
-def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
-    """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` in shardflow's plain form, or None."""
-    if data[:8] != b"\x93NUMPY\x01\x00" or len(data) < 10:
-        return None
-    end = 10 + int.from_bytes(data[8:10], "little")
-    m = _NPY_PLAIN.fullmatch(data, 10, end)
-    if m is None:
-        return None
-    shape = tuple(int(d) for d in m.group(2).split(b", ") if d)
-    return shape, False, np.dtype(m.group(1).decode("ascii")), end
-
-
 def load_npy(data: bytes, url: str, what: str, shape: tuple[int, ...]) -> np.ndarray:
     """An integer ``.npy`` of exactly ``shape`` (-1: any length on that axis), its header
     checked before any array is allocated.
 
-    The header is parsed once (shardflow's own plain form by a strict pattern, any
-    other by numpy's parser, never by evaluating it) and the data then read with
-    ``np.frombuffer``: nothing is unpickled.
+    The header is parsed by :func:`.npy.header_of` (numpy's parser: nothing is
+    evaluated) and the data then read with ``np.frombuffer``: nothing is unpickled.
     """
-    head = _npy_header(data)
-    if head is None:
-        buf = io.BytesIO(data)
-        try:
-            version = np.lib.format.read_magic(buf)
-            if version == (1, 0):
-                found, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
-            else:
-                found, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
-        except Exception as e:  # noqa: BLE001 - numpy raises ValueError/OSError/SyntaxError on bad headers
-            raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
-        head = (tuple(found), fortran, dtype, buf.tell())
+    try:
+        head = header_of(data)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/OSError/SyntaxError on bad headers
+        raise ManifestError(f"{url}: {what} is not a valid .npy: {e}", reason="bad_index") from e
     found, fortran, dtype, at = head
     fits = len(found) == len(shape) and all(w in (-1, f) for f, w in zip(found, shape))
     if not fits or dtype.kind not in "iu" or dtype.hasobject:

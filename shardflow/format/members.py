@@ -168,7 +168,7 @@ def member_runs(
     empty = True
     stop = end if end is not None else -1
     run = 16  # members in the next bulk run (see spans.plain_members)
-    bulk = fastpath.enabled()
+    bulk = fastpath.enabled("bulk")
     offset = start
     member: str | None = None  # the regular member whose header was read, for errors
     try:

@@ -15,8 +15,9 @@ user/group names, mode 0644.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
 from itertools import chain, islice
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "member_runs",
     "iter_samples",
     "scan_shard",
+    "raw_sample",
     "encode_member",
     "encode_sample",
     "sample_parts",
@@ -43,6 +45,7 @@ __all__ = [
 
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZERO_BLOCK = b"\0" * BLOCK
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 
 def iter_samples(
@@ -56,8 +59,10 @@ def iter_samples(
     limits: Limits = DEFAULT_LIMITS,
     starts: Collection[int] | None = None,
     walk_starts: Collection[int] | None = None,
-) -> Iterator[tuple[str, int, dict[str, bytes] | SampleError]]:
-    """Group a tar stream's members into samples.
+) -> Generator[tuple[str, int, dict[str, bytes] | SampleError], None, int | None]:
+    """Group a tar stream's members into samples: the one place that decides where a sample
+    ends (runs the bulk walk grouped already are checked against the same open sample and
+    closed keys as single members, see :class:`_Grouping`).
 
     Args:
         chunks: the tar's bytes from ``start`` on (see :func:`iter_members`).
@@ -92,6 +97,11 @@ def iter_samples(
         corrupt shard so never yields a partial sample, and loses no complete
         one it can tell.
 
+    Returns:
+        (as the generator's return value) the offset where the walk stopped (the
+        end-of-archive marker, ``end`` or the stream's end, see :func:`member_runs`),
+        or None when ``limit`` samples were given first.
+
     Raises:
         SampleError: a key reappears after its sample was closed (members of a
             sample are not adjacent; with ``starts``, also a member at a sample
@@ -103,27 +113,34 @@ def iter_samples(
         TruncatedShardError, ShardFormatError: see :func:`iter_members`.
     """
     if limit is not None and limit <= 0:
-        return
+        return None
     group = _Grouping(url, starts, sample_errors, limit, start)
-    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled())
+    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled("bulk"))
+    stopped: list[int] = []
     try:
-        for run in walk:
+        for run in _kept(walk, stopped):
             if type(run) is SampleRun:  # grouped already (the common case): whole samples at once
                 done = group.whole(run)
                 if done is not None:
                     yield from done
                     if group.full:
-                        return
+                        return None
                     continue
             yield from group.members(run)
             if group.full:
-                return
+                return None
     except ShardFormatError as e:
         if group.key is not None and type(group.fields) is dict and group.fields and _ends_sample(e, group.key, starts):
             yield group.key, group.offset, group.fields
         raise
     if group.key is not None and group.fields is not None:
         yield group.key, group.offset, group.fields
+    return stopped[0]
+
+
+def _kept(walk: Generator[Any, None, int], stopped: list[int]) -> Iterator[Any]:
+    """The runs of ``walk``; its return value (where it stopped) is appended to ``stopped``."""
+    stopped.append((yield from walk))
 
 
 class _Grouping:
@@ -321,7 +338,7 @@ def _ends_sample(err: ShardFormatError, key: str, starts: Collection[int] | None
 def scan_shard(
     chunks: Iterable[bytes], url: str, *, limits: Limits = DEFAULT_LIMITS
 ) -> tuple[list[str], list[int], dict[str, int]]:
-    """Scan a whole shard for its offset index.
+    """Scan a whole shard for its offset index: its samples as :func:`iter_samples` groups them.
 
     Args:
         chunks: the shard's (decompressed) bytes from offset 0 on.
@@ -342,32 +359,23 @@ def scan_shard(
     keys: list[str] = []
     offsets: list[int] = []
     fields: dict[str, int] = {}
-    seen = KeySet()
-    current: set[str] = set()
-    gen = iter_members(chunks, url, 0, limits=limits)
+    samples = iter_samples(chunks, url, 0, limits=limits)
     while True:
         try:
-            name, offset, data = next(gen)
+            key, offset, sample = next(samples)
         except StopIteration as stop:
             offsets.append(stop.value)
             return keys, offsets, fields
-        if isinstance(data, SampleError):
-            raise data
-        split = split_name(name)
-        if split is None:
-            continue
-        key, field = split
-        if not keys or keys[-1] != key:
-            if key in seen:
-                raise SampleError(f"{url}: key {key!r} reappears at byte {offset} after its sample was closed", reason="non_adjacent")
-            seen.add(key)
-            keys.append(key)
-            offsets.append(offset)
-            current = set()
-        if field in current:
-            raise SampleError(f"{url}: sample {key!r} has the field {field!r} twice", reason="duplicate_field")
-        current.add(field)
-        fields[field] = fields.get(field, 0) + 1
+        keys.append(key)
+        offsets.append(offset)
+        for field in sample:  # (sample_errors "raise": always a dict)
+            fields[field] = fields.get(field, 0) + 1
+
+
+def raw_sample(key: str, url: str, fields: Mapping[str, Any] = _NO_FIELDS) -> dict[str, Any]:
+    """The sample dict that readers hand on: ``{"__key__": key, "__url__": url, **fields}``
+    (fields as read: ``{field: bytes}``, in member order). The one place it is built."""
+    return {"__key__": key, "__url__": url, **fields}
 
 
 # ---------------------------------------------------------------- writing

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from shardflow.compat.pyg import store_attributes
 from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 __all__ = ["check_graph"]
@@ -103,10 +104,10 @@ def check_graph(graph: Any, *, max_nodes: int = MAX_GRAPH_NODES, max_edges: int 
         key = getattr(store, "_key", None)
         if key is None or isinstance(key, str):
             where = "graph" if key is None else f"node type {key!r}"
-            nodes[key] = _declared_nodes(store._mapping, where, max_nodes)
+            nodes[key] = _declared_nodes(store_attributes(store), where, max_nodes)
     for store in stores:
         key = getattr(store, "_key", None)
-        value = store._mapping.get("edge_index")
+        value = store_attributes(store).get("edge_index")
         if value is None:
             continue
         if isinstance(key, tuple):
@@ -124,7 +125,7 @@ def check_graph(graph: Any, *, max_nodes: int = MAX_GRAPH_NODES, max_edges: int 
         else:
             sides = (nodes.get(key),) * 2
             prefix = "" if key is None else f"{key!r}."
-        for name, value in store._mapping.items():
+        for name, value in store_attributes(store).items():
             _check_sizes(value, f"{prefix}{name}", sides, max_nodes)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.compat.pyg import data_attributes, data_store, set_batch_slices, set_num_nodes, store_attributes, store_key
 from shardflow.errors import SampleError
 from shardflow.graph.rules import DEFAULT_RULE, RULES_ATTR, import_pyg, rule_classes
 
@@ -134,7 +135,7 @@ def _check_same_structure(graphs: list, exclude: set, pyg: Any) -> None:
         return  # another BaseData kind (TemporalData, ...): PyG decides
     kind = pyg.HeteroData if hetero else pyg.Data
     first_cls = type(first)
-    ref_stores = {store._key: store._mapping.keys() for store in first.stores}
+    ref_stores = {store_key(store): store_attributes(store).keys() for store in first.stores}
     for index, graph in enumerate(graphs[1:], start=1):
         if type(graph) is not first_cls and (
             not isinstance(graph, kind) or (not hetero and isinstance(graph, pyg.HeteroData))
@@ -144,7 +145,7 @@ def _check_same_structure(graphs: list, exclude: set, pyg: Any) -> None:
                 f"graph 0 is a {first_cls.__name__}"
             )
         if not hetero:
-            names = graph._store._mapping.keys()
+            names = data_attributes(graph).keys()
             if names != ref_stores[None]:
                 _check_names(index, None, names, ref_stores[None], exclude)
             continue
@@ -153,9 +154,9 @@ def _check_same_structure(graphs: list, exclude: set, pyg: Any) -> None:
             if set(mine) != set(ref):
                 raise SampleError(_describe_difference(index, mine, ref, what))
         for store in graph.stores:
-            names = store._mapping.keys()
-            if names != ref_stores[store._key]:
-                _check_names(index, store._key, names, ref_stores[store._key], exclude)
+            names = store_attributes(store).keys()
+            if names != ref_stores[store_key(store)]:
+                _check_names(index, store_key(store), names, ref_stores[store_key(store)], exclude)
 
 
 def _check_names(
@@ -229,8 +230,8 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
     """Build the batch of homogeneous ``Data`` graphs, or None to let PyG do it."""
     first = graphs[0]
     plain = cls is pyg.Data
-    stores = [g._store for g in graphs]
-    mappings = [s._mapping for s in stores]
+    stores = list(map(data_store, graphs))
+    mappings = list(map(store_attributes, stores))
     names = list(mappings[0])
     if any("batch" in name or name == "ptr" for name in names):
         return None  # data-dependent increments / PyG's own batch vectors
@@ -239,7 +240,8 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
     num_nodes = [_num_nodes(g, s, m, plain) for g, s, m in zip(graphs, stores, mappings)]
 
     out = new_batch(cls, pyg).stores_as(first)  # as PyG's collate (rules carry over)
-    out_store = out._store
+    out_store = data_store(out)
+    out_mapping = store_attributes(out_store)
     slice_dict: dict[str, Any] = {}
     inc_dict: dict[str, Any] = {}
     device = None
@@ -248,7 +250,7 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
             continue
         values = [m[name] for m in mappings]
         if name == "num_nodes":
-            out_store._num_nodes = values
+            set_num_nodes(out_store, values)
             out_store.num_nodes = sum(values)
             continue
         elem = values[0]
@@ -287,22 +289,20 @@ def _collate_data(graphs: list, cls: type, follow: set, exclude: set, pyg: Any) 
             value, slices, incs = values, torch.arange(n + 1), None
         else:
             return None  # dicts, lists of tensors, SparseTensor, TensorFrame, ...
-        out_store._mapping[name] = value
+        out_mapping[name] = value
         slice_dict[name] = slices
         inc_dict[name] = incs
         if name in follow:
             sizes = slices[1:] - slices[:-1]
-            out_store._mapping[f"{name}_batch"] = torch.repeat_interleave(
+            out_mapping[f"{name}_batch"] = torch.repeat_interleave(
                 torch.arange(n, device=device), _on(sizes, device)
             )
-            out_store._mapping[f"{name}_ptr"] = _on(slices.clone(), device)
+            out_mapping[f"{name}_ptr"] = _on(slices.clone(), device)
 
-    if first._store.can_infer_num_nodes:
-        out_store._mapping["batch"], out_store._mapping["ptr"] = _batch_vectors(num_nodes, device)
+    if data_store(first).can_infer_num_nodes:
+        out_mapping["batch"], out_mapping["ptr"] = _batch_vectors(num_nodes, device)
 
-    out._num_graphs = n
-    out._slice_dict = slice_dict
-    out._inc_dict = inc_dict
+    set_batch_slices(out, n, slice_dict, inc_dict)
     return out
 
 

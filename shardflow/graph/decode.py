@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.compat.pyg import data_attributes, global_store
 from shardflow.errors import DecodeError
 from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
@@ -238,7 +239,7 @@ def _build(schema: dict, tensors: dict[str, torch.Tensor], pyg: Any) -> Any:
         if len(stores) != 1 or stores[0]["key"] is not None:
             raise ValueError("a Data graph has exactly one store, with key null")
         data = rule_classes()["StoredRulesData"]() if rules else pyg.Data()
-        mapping = data._store._mapping  # a fresh store: no cache to invalidate
+        mapping = data_attributes(data)  # a fresh store: no cache to invalidate
         for name, enc in stores[0]["attrs"].items():
             if type(enc) is dict and "tensor" in enc:
                 mapping[name] = tensors[enc["tensor"]]
@@ -252,7 +253,7 @@ def _build(schema: dict, tensors: dict[str, torch.Tensor], pyg: Any) -> Any:
         for entry in stores:
             skey = _store_key_from_json(entry["key"])
             if skey is None:
-                store = data._global_store
+                store = global_store(data)
             elif type(skey) is str:
                 store = data.get_node_store(skey)
             else:

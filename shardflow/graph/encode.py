@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.compat.pyg import store_key
 from shardflow.errors import SampleError, missing_dependency
 
 from .rules import import_pyg
@@ -226,7 +227,7 @@ class _Encoder:
     # stores --------------------------------------------------------------------------
 
     def store(self, store: Any) -> dict:
-        key = store._key
+        key = store_key(store)
         label = "data" if key is None else f"data[{key!r}]"
         attrs: dict[str, Any] = {}
         rules: dict[str, Any] = {}

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.compat.pyg import data_attributes, set_batch_slices
 from shardflow.format.limits import MAX_GRAPH_EDGES, MAX_GRAPH_NODES
 
 from .bounds import NODE_LEVEL
@@ -292,7 +293,7 @@ def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> A
     num_nodes = [r.num_nodes for r in records]
     node_incs = cumsum_list(num_nodes[:-1])
     out = new_batch(pyg.Data, pyg)
-    mapping = out._store._mapping
+    mapping = data_attributes(out)
     slice_dict: dict[str, Any] = {}
     inc_dict: dict[str, Any] = {}
     for j, name in enumerate(names):
@@ -334,7 +335,5 @@ def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> A
         else:  # (an empty one keeps torch's strides)
             mapping["batch"] = torch.zeros(0, dtype=torch.int64)
         mapping["ptr"] = int64_tensor(ptr)
-    out._num_graphs = n
-    out._slice_dict = slice_dict
-    out._inc_dict = inc_dict
+    set_batch_slices(out, n, slice_dict, inc_dict)
     return out

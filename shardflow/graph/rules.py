@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from shardflow.compat.pyg import store_key
 from shardflow.errors import SampleError, missing_dependency
 
 __all__ = ["DEFAULT_RULE", "RULES_ATTR", "UNKNOWN_RULE", "import_pyg", "rule_classes", "stored_rules"]
@@ -33,7 +34,7 @@ _RULE_CLASSES_LOCK = threading.Lock()
 
 
 def _store_key(store: Any) -> Any:
-    return None if store is None else store._key
+    return None if store is None else store_key(store)
 
 
 def _stored_cat_dim(obj: Any, key: str, store: Any) -> Any:

@@ -6,7 +6,7 @@ one after the other (``meta.class_counts`` in walk order: ``meta.order == "walk"
 each sample alone: through the shard's offset index, the first 1 KiB of the sample (its first
 member's header and data; the writer sorts members by field, so ``cls`` comes before ``jpg``), the
 whole sample only when the label is not its first member. A shard without an offset index is read
-whole. The batches are those of the dataset's own plan (:mod:`shardflow.plan`), so the figures
+whole. The batches are those of the dataset's own plan (:mod:`shardflow.planning.plan`), so the figures
 are those the loader's batches will show.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from .. import storage
 from ..format.tar import iter_samples
 from ..dataset.classmix import batch_labels, manifest_labels, mix_stats
-from ..source import ShardSet
+from ..sources.source import ShardSet
 
 __all__ = ["read_labels", "planned_mix"]
 

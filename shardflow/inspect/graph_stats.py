@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_graph", "graph_record", "graph_summary", "merge_graphs", "value_stats"]
+__all__ = ["add_graph", "graph_record", "graph_summary", "merge_graphs", "missing_extra", "value_stats"]
 
 
 
@@ -53,6 +53,21 @@ def merge_graphs(into: dict[str, Any], acc: dict[str, Any]) -> None:
             into.setdefault(part, {}).setdefault(t, []).extend(values)
     if "attributes" in acc and "attributes" not in into:
         into["attributes"] = acc["attributes"]
+    if acc.get("missing"):
+        into["missing"] = acc["missing"]
+
+
+def missing_extra(error: BaseException) -> str | None:
+    """The message of the ImportError behind a decoding error (an optional package that is not
+    installed: it names the extra), or None when none is behind it."""
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ImportError):
+            return str(e)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def value_stats(values: Sequence[int]) -> dict[str, Any]:
@@ -77,4 +92,6 @@ def graph_summary(acc: dict[str, Any]) -> dict[str, Any]:
         out["attributes"] = acc["attributes"]
     if acc.get("errors"):
         out["undecodable"] = acc["errors"]
+    if acc.get("missing"):
+        out["missing"] = acc["missing"]
     return out

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import storage
-from ..format.tar import iter_samples
-from ..source import ShardSet, resolve_source
+from ..format.tar import iter_samples, raw_sample
+from ..sources.source import ShardSet, resolve_source
 
 __all__ = ["head"]
 
@@ -25,7 +25,7 @@ def head(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.ShardSet`.
+            :class:`~shardflow.sources.source.ShardSet`.
         n: number of samples (fewer when the dataset is smaller).
         spread: pick samples evenly spaced over the whole dataset (needs sample
             counts from a manifest; without one the first ``n`` are taken).
@@ -52,7 +52,7 @@ def head(
         it = iter_samples(chunks, url, 0, limit=n - len(out), limits=io.limits)
         try:
             for key, _, fields in it:
-                out.append({"__key__": key, "__url__": url, **fields})
+                out.append(raw_sample(key, url, fields))
         finally:
             it.close()
             chunks.close()
@@ -84,7 +84,7 @@ def _spread(src: ShardSet, n: int, io: storage.IOOptions) -> list[dict[str, Any]
                 else:
                     data = storage.read_framed_range(url, lo, hi, frames, own, memo=memo)
                 for key, _, fields in iter_samples([data], url, lo, end=hi, limits=io.limits):
-                    out.append({"__key__": key, "__url__": url, **fields})
+                    out.append(raw_sample(key, url, fields))
             continue
         chunks = storage.decompressing_chunks(storage.open_chunks(url, 0, None, own), url)
         it = iter_samples(chunks, url, 0, limit=mine[-1] + 1, limits=io.limits)
@@ -92,7 +92,7 @@ def _spread(src: ShardSet, n: int, io: storage.IOOptions) -> list[dict[str, Any]
         try:
             for i, (key, _, fields) in enumerate(it):
                 if i in take:
-                    out.append({"__key__": key, "__url__": url, **fields})
+                    out.append(raw_sample(key, url, fields))
         finally:
             it.close()
             chunks.close()

@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..format.keys import codec_extension
-from ..source import ShardSet
+from ..sources.source import ShardSet
 
 __all__ = ["Progress", "Ticker", "default_workers", "map_shards", "preload"]
 

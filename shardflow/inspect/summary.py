@@ -11,13 +11,13 @@ from typing import Any
 
 from .. import storage
 from ..codecs import DecodeOptions, decode_field
-from ..errors import SampleError, ShardflowError
+from ..errors import SampleError, ShardflowError, redact
 from ..format.keys import codec_extension
 from ..format.tar import iter_samples
-from ..mixing import epoch_quotas
-from ..source import ShardSet, resolve_source
+from ..planning.mixing import epoch_quotas
+from ..sources.source import ShardSet, resolve_source
 from .chunks import HashingChunks, strip_url
-from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs
+from .graph_stats import add_graph, graph_record, graph_summary, merge_graphs, missing_extra
 from .peek import head
 from .pool import Progress, Ticker, default_workers, map_shards, preload
 
@@ -82,7 +82,10 @@ def _scan_shard(task: _ScanTask, tick: Ticker) -> _ScanResult:
                     add_graph(acc, graph_record(decode_field(name, data, decode_options)))
                 except ShardflowError as e:
                     acc["errors"] = acc.get("errors", 0) + 1
-                    log.debug("%s: sample %r: %s", task.url, key, e)
+                    missing = missing_extra(e)
+                    if missing:  # torch_geometric is not installed: say so, with the extra
+                        acc["missing"] = missing
+                    log.debug("%s: sample %r: %s", redact(task.url), key, e)
         raw.drain()
     except ShardflowError as e:
         res.error = f"{task.url}: {strip_url(str(e), task.url)}"
@@ -176,7 +179,7 @@ def summarize(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.ShardSet` (a config's sources: each shard is
+            :class:`~shardflow.sources.source.ShardSet` (a config's sources: each shard is
             read with its source's own storage options merged over ``io``).
         keys: how many of the first keys to list.
         scan: True always scans, False never does (manifest facts only), None
@@ -209,7 +212,7 @@ def summarize(
         - ``first_keys``; ``meta`` (the manifest's, or ``{}``);
         - ``sources``: per source ``label``, ``shards``, ``samples`` (None when
           unknown), ``weight``, ``manifest``, and with weights and
-          ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.mixing`);
+          ``samples_per_epoch`` its ``quota`` per epoch (:mod:`shardflow.planning.mixing`);
         - ``errors``: shards that could not be read while scanning, samples
           whose members could not be read (a member over its limit), and counts
           that disagree with the manifest (run :func:`verify` for details).

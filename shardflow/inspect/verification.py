@@ -16,7 +16,7 @@ from ..format.keys import IMAGE_EXTENSIONS
 from ..format.frames import FrameTable, decode_frames, framed_chunks
 from ..format.manifest import ShardInfo, decode_offsets
 from ..format.tar import BLOCK, iter_samples
-from ..source import resolve_source
+from ..sources.source import resolve_source
 from .chunks import HashingChunks, strip_url
 from .pool import Progress, Ticker, default_workers, map_shards, preload
 from .report import Problem, VerifyReport
@@ -232,7 +232,7 @@ def verify(
 
     Args:
         source: anything :class:`~shardflow.ShardDataset` accepts, or a resolved
-            :class:`~shardflow.source.ShardSet` (each shard is read with its
+            :class:`~shardflow.sources.source.ShardSet` (each shard is read with its
             source's own storage options merged over ``io``).
         decode: decode every field (False: structure and manifest checks only).
         uniform_fields: report samples missing fields that most samples have.

@@ -22,7 +22,7 @@ from .phases import PHASE_RATIO, first_phase, read_planned_in_phases
 from .planned import read_planned
 from .runs import REMOTE_SEEK_BYTES, SEEK_GAP
 from .scattered import read_scattered
-from .samples import Prepare, apply_transform, batched, expand_each, prepared, tag_source
+from .samples import Prepare, apply_transform, batched, check_fields, expand_each, prepared, tag_source, transform_error
 from .shards import emit_in_order, read_shards
 
 __all__ = [
@@ -36,7 +36,9 @@ __all__ = [
     "Prepare",
     "prepared",
     "tag_source",
+    "check_fields",
     "apply_transform",
+    "transform_error",
     "expand_each",
     "batched",
     "SEEK_GAP",

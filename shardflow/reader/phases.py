@@ -32,9 +32,9 @@ import numpy as np
 
 from .. import storage
 from ..errors import ShardflowError
-from ..plan import RankPlan
+from ..planning.plan import RankPlan
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .planned import read_planned
 
 __all__ = ["read_planned_in_phases", "PHASE_RATIO"]

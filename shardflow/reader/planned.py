@@ -18,9 +18,10 @@ import numpy as np
 
 from .. import fastpath, storage
 from ..errors import SampleError, ShardflowError
-from ..plan import RankPlan
+from ..format.tar import raw_sample
+from ..planning.plan import RankPlan
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .recovery import LOST, Recovery
 from .runs import RunTable
 from .streams import RunStreams
@@ -88,7 +89,7 @@ def read_planned(
                         fields = item[2]
                         if type(fields) is not dict:  # a bad sample: the general code below drops it
                             break
-                        yield {"__key__": item[0], "__url__": url, **fields}
+                        yield {"__key__": item[0], "__url__": url, **fields}  # raw_sample() inlined: the hot loop
                         done += 1
                     else:
                         item = None
@@ -145,7 +146,7 @@ def _open(
 ) -> tuple[RunTable, Recovery, Iterator[tuple[int, int, int, bool, int]]] | None:
     """The run table, its recovery (and streams) and the steps of :func:`read_planned`;
     None when no position is needed."""
-    table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled())
+    table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled("blocks"))
     if table is None:
         return None
     recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold))
@@ -162,7 +163,7 @@ def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample
     if type(fields) is not dict:
         policy.handle(fields)
         return None
-    return {"__key__": key, "__url__": url, **fields}
+    return raw_sample(key, url, fields)
 
 
 _MISS = object()
@@ -209,9 +210,7 @@ def _prepared(
     if isinstance(fields, SampleError):
         policy.handle(fields)
     else:
-        raw: Sample = {"__key__": key, "__url__": url}
-        raw.update(fields)
-        items = prepare(raw) if prepare is not None else None
+        items = prepare(raw_sample(key, url, fields)) if prepare is not None else None
     if i != last:
         cached[s] = (i // k, items)
     return _item(items, i, k)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ShardflowError, ShardFormatError, TruncatedShardError
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .runs import RunTable
 from .streams import RunStreams
 from .segments import one_sample_lost

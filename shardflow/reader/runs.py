@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .. import storage
-from ..plan import RankPlan
-from ..source import ShardSet
+from ..planning.plan import RankPlan
+from ..sources.source import ShardSet
 
 __all__ = ["SEEK_GAP", "REMOTE_SEEK_BYTES", "RunTable", "read_through", "plan_runs", "blocks", "run_of"]
 

@@ -13,13 +13,15 @@ from typing import Any
 import numpy as np
 
 from ..codecs import DecodeOptions, decode_field, field_alternatives
+from ..codecs.hints import missing_field_hint
 from ..errors import DecodeError, MissingFieldError, SampleError
 from ..expand import Expand
+from ..format.tar import raw_sample
 from ..policy import ErrorPolicy
 from ..seeding import Seeder
 from ..world import stable_seed
 
-__all__ = ["Prepare", "tag_source", "prepared", "expand_each", "apply_transform", "batched"]
+__all__ = ["Prepare", "tag_source", "check_fields", "transform_error", "prepared", "expand_each", "apply_transform", "batched"]
 
 Sample = dict[str, Any]
 
@@ -29,6 +31,23 @@ def tag_source(sample: Sample, by_url: Mapping[str, int] | None) -> Sample:
     source; ``by_url``: shard URL -> source index, None for one source). The one place it is set."""
     sample["__source__"] = by_url.get(sample["__url__"], 0) if by_url else 0
     return sample
+
+
+def check_fields(manifest: Any, fields: Sequence[str] | None) -> None:
+    """Refuse ``fields`` that name a field no shard of ``manifest`` has (nothing to check
+    without a manifest, or one that lists no fields).
+
+    Raises:
+        MissingFieldError: names the field and lists those that exist.
+    """
+    if fields is None or manifest is None or not manifest.fields:
+        return
+    for f in fields:
+        if not any(alt in manifest.fields for alt in field_alternatives(f)):
+            raise MissingFieldError(
+                f"no shard of {manifest.url} has the field {f!r}; the fields that exist are {sorted(manifest.fields)}"
+                + missing_field_hint(f, manifest.fields)
+            )
 
 
 class Prepare:
@@ -111,7 +130,7 @@ class Prepare:
         the first present is kept under the first name. ``"image"`` stands for
         whichever image field a sample has (see :func:`shardflow.codecs.field_alternatives`).
         """
-        out: Sample = {"__key__": s["__key__"], "__url__": s["__url__"]}
+        out: Sample = raw_sample(s["__key__"], s["__url__"])
         for name, alternatives in self._wanted or ():
             for alt in alternatives:
                 if alt in s:
@@ -121,6 +140,7 @@ class Prepare:
                 present = sorted(k for k in s if not k.startswith("__"))
                 self._policy.handle(MissingFieldError(
                     f"{s['__url__']}: sample {s['__key__']!r} has no field {name!r} (fields present: {present})"
+                    + missing_field_hint(name, present)
                 ))
                 return None
         return out
@@ -158,8 +178,6 @@ def expand_each(samples: Iterator[Sample | None], prepare: Prepare, k: int) -> I
 def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sample], Any], policy: ErrorPolicy) -> Iterator[Any]:
     """Apply the user's per-sample transform; a raised exception follows the policy,
     a returned None drops the sample (counted as ``filtered``)."""
-    fn = getattr(transform, "__wrapped__", transform)  # the user's, not the seeding wrapper (functools.wraps)
-    name = getattr(fn, "__qualname__", repr(fn))
     for s in samples:
         if s is None:
             yield None
@@ -167,16 +185,23 @@ def apply_transform(samples: Iterator[Sample | None], transform: Callable[[Sampl
         try:
             out = transform(s)
         except Exception as e:
-            err = SampleError(
-                f"{s.get('__url__')}: sample {s.get('__key__')!r}: transform {name} raised {type(e).__name__}: {e}",
-                reason="transform",
-            )
-            policy.handle(err, cause=e)
+            policy.handle(transform_error(s, transform, e), cause=e)
             yield None
             continue
         if out is None:
             policy.filtered()
         yield out
+
+
+def transform_error(sample: Sample, transform: Callable[[Sample], Any], e: Exception) -> SampleError:
+    """The error of a transform that raised ``e`` on ``sample``: it names the shard, the key
+    and the user's transform (not the seeding wrapper: ``functools.wraps``' ``__wrapped__``)."""
+    fn = getattr(transform, "__wrapped__", transform)
+    name = getattr(fn, "__qualname__", repr(fn))
+    return SampleError(
+        f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: transform {name} raised {type(e).__name__}: {e}",
+        reason="transform",
+    )
 
 
 _END = object()

@@ -1,4 +1,4 @@
-"""Reading a scattered plan (a window shuffle, :mod:`shardflow.window`): :func:`read_scattered`.
+"""Reading a scattered plan (a window shuffle, :mod:`shardflow.planning.window`): :func:`read_scattered`.
 
 Each needed sample is read on its own through its shard's offset index, with ``os.pread`` on a
 descriptor kept open per shard (the least recently used closed beyond :data:`OPEN_SHARDS`). The
@@ -21,10 +21,10 @@ import numpy as np
 
 from .. import storage
 from ..errors import ManifestError, ShardflowError, TruncatedShardError
-from ..format.tar import iter_samples
-from ..plan import RankPlan
+from ..format.tar import iter_samples, raw_sample
+from ..planning.plan import RankPlan
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 
 __all__ = ["read_scattered", "BLOCK", "OPEN_SHARDS"]
 
@@ -89,7 +89,7 @@ def _one(data: bytes, lo: int, hi: int, url: str, io: storage.IOOptions, policy:
     if type(fields) is not dict:
         policy.handle(fields)
         return None
-    return {"__key__": key, "__url__": url, **fields}
+    return raw_sample(key, url, fields)
 
 
 def _block(reads: list[tuple[bytes, int, int]], urls: list[str], io: storage.IOOptions, policy: ErrorPolicy) -> list[Any]:
@@ -102,7 +102,7 @@ def _block(reads: list[tuple[bytes, int, int]], urls: list[str], io: storage.IOO
     except ShardflowError:
         found = []
     if len(found) == len(reads) and all(type(f) is dict for _, _, f in found):
-        return [{"__key__": k, "__url__": u, **f} for (k, _, f), u in zip(found, urls)]
+        return [raw_sample(k, u, f) for (k, _, f), u in zip(found, urls)]
     return [_one(d, lo, hi, u, io, policy) for (d, lo, hi), u in zip(reads, urls)]
 
 
@@ -119,7 +119,7 @@ def read_scattered(
     """Read the needed positions of a scattered plan, in read order.
 
     Args:
-        plan: the rank's plan (:attr:`~shardflow.plan.RankPlan.scattered`).
+        plan: the rank's plan (:attr:`~shardflow.planning.plan.RankPlan.scattered`).
         needed: bool array over read positions.
         source: the shards (local plain ``.tar`` files with offset indexes).
         io: storage options (the limits).

@@ -16,7 +16,7 @@ import numpy as np
 from .. import storage
 from ..errors import ManifestError, ShardflowError, ShardFormatError, TruncatedShardError
 from ..format.tar import iter_samples
-from ..source import ShardSet
+from ..sources.source import ShardSet
 
 __all__ = ["Opened", "open_segment", "open_shard", "one_sample_lost", "close"]
 

@@ -10,8 +10,9 @@ import numpy as np
 
 from .. import storage
 from ..errors import SampleError, ShardflowError, ShardFormatError
+from ..format.tar import raw_sample
 from ..policy import ErrorPolicy
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .segments import close, open_shard
 
 __all__ = ["read_shards", "emit_in_order"]
@@ -43,9 +44,7 @@ def read_shards(
                         policy.handle(fields)
                         yield None
                         continue
-                    sample: Sample = {"__key__": key, "__url__": url}
-                    sample.update(fields)
-                    yield sample
+                    yield raw_sample(key, url, fields)
             except ShardflowError as e:
                 policy.handle(e, samples=0, shard=url)
                 if isinstance(e, ShardFormatError) and (e.offset or e.member is not None):

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .. import storage
-from ..source import ShardSet
+from ..sources.source import ShardSet
 from .runs import RunTable
 from .segments import Opened, close, open_segment
 
@@ -63,7 +63,8 @@ class RunStreams:
         # run at the link's pace, not a reader's: opening two rounds of runs ahead keeps a
         # request streaming while the workers decode, where one round leaves the link idle
         # between the end of the next runs' fetches and the start of the runs after them.
-        self._depth = 2 if io.staging_scope is not None and io.staging_scope.num_workers > 1 else 1
+        scope = storage.scope_of(io)
+        self._depth = 2 if scope is not None and scope.num_workers > 1 else 1
         self._pool: ThreadPoolExecutor | None = None
         self._early: dict[int, Future[Opened]] = {}
         # opening[:limit] may be opened ahead (None: all)

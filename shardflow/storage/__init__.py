@@ -41,20 +41,30 @@ from __future__ import annotations
 
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC, decompressing_chunks
 
-from . import fork  # noqa: F401 - registers the fork hooks
-from .errors import DestinationLockedError, NotRegularFileError, RemoteWriteError, ShardChangedError, ShardNotFoundError, SymlinkError
-from .filesystems import filesystem
+from .backends import fork  # noqa: F401 - registers the fork hooks
+from .errors import (DestinationLockedError, NotRegularFileError, RemoteWriteError, ShardChangedError, ShardNotFoundError,
+                     SymlinkError, UnsafeFolderError)
+from .backends.filesystems import filesystem
 from .framed import open_framed, read_framed_range
 from .listing import expand_urls, list_glob
-from .metadata import exists, is_dir, object_size
+from .backends.metadata import exists, is_dir, object_size
 from .options import MAX_BACKOFF, IOOptions, io_options
-from .output import commit_staged, create_file, open_output, open_staged, refuse_symlink, start_writeback, sync_directory
+from .writing.output import (
+    commit_staged,
+    create_file,
+    open_output,
+    open_staged,
+    refuse_symlink,
+    start_writeback,
+    sync_directory,
+)
 from .read_ahead import readahead
 from .reading import is_compressed, iter_chunks, read_range, read_small
 from .readers import open_regular, regular_fd
-from .redirects import MAX_REDIRECTS, RedirectError
-from .staged import prefetch
-from .staging import enter_area, let_go, staged_epoch, staging_for
+from .backends.redirects import MAX_REDIRECTS, RedirectError
+from .sharing.staged import prefetch
+from .sharing.areas import job_id
+from .sharing.staging import StagedOptions, enter_area, let_go, scope_of, staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -67,6 +77,7 @@ __all__ = [
     "ShardNotFoundError",
     "NotRegularFileError",
     "SymlinkError",
+    "UnsafeFolderError",
     "ZSTD_MAGIC",
     "decompressing_chunks",
     "exists",
@@ -103,4 +114,7 @@ __all__ = [
     "enter_area",
     "let_go",
     "staging_for",
+    "job_id",
+    "scope_of",
+    "StagedOptions",
 ]

@@ -6,7 +6,7 @@ from shardflow.errors import RemoteReadError, ShardflowError
 
 __all__ = [
     "DestinationLockedError", "NotRegularFileError", "RemoteWriteError", "ShardChangedError", "ShardNotFoundError",
-    "ShortReadError", "SymlinkError",
+    "ShortReadError", "SymlinkError", "UnsafeFolderError",
 ]
 
 
@@ -44,3 +44,11 @@ class SymlinkError(ShardflowError, OSError):
 
     default_reason = "symlink"
 
+
+
+class UnsafeFolderError(ShardflowError, PermissionError):
+    """A staging area or shard cache folder is not this user's alone (another user made it or
+    can write in it, or it is a symbolic link), or a file in it is a symbolic link: refused,
+    never followed."""
+
+    default_reason = "unsafe_folder"

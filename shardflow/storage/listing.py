@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .filesystems import filesystem, is_http
+from .backends.filesystems import filesystem, is_http
 from .options import DEFAULT_OPTIONS, IOOptions
 from .urls import expand_braces, has_glob, protocol
 

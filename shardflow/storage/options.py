@@ -6,13 +6,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..format.limits import DEFAULT_LIMITS, Limits
 from ..errors import redacted_repr
-
-if TYPE_CHECKING:
-    from .staging import StagingScope
 
 __all__ = ["DEFAULT_OPTIONS", "IOOptions", "MAX_BACKOFF", "io_options"]
 
@@ -72,13 +69,16 @@ class IOOptions:
             (default 2 GiB); past it, blocks every worker already read are
             removed first. Blocks being written or read are never removed, so
             the disk used is at most this plus 8 MiB per open shard part.
-        staging_scope: set by :class:`~shardflow.ShardDataset` in each DataLoader
-            worker (which rank, epoch and worker reads); leave it ``None``.
         cross_host_redirects: follow HTTP redirects to another host (scheme,
             host or port), without the URL's credentials, ``Authorization``,
             cookies or custom headers. Off by default: such a redirect is a
             ``RedirectError``. Redirects on the same host are followed, at most
-            :data:`~shardflow.storage.redirects.MAX_REDIRECTS` per request.
+            :data:`~shardflow.storage.backends.redirects.MAX_REDIRECTS` per request.
+        allow_incomplete: read a dataset folder whose writer is still writing it
+            (it holds the folder's lock) or whose conversion did not finish (its
+            manifest says ``"complete": false``): the part finished so far. Off by
+            default: such a folder is refused with ``IncompleteDatasetError``, which
+            names the writer (see :mod:`shardflow.sources.listed`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -95,8 +95,8 @@ class IOOptions:
     staging: bool = True
     staging_dir: str | None = None
     staging_limit: int = 2 << 30
-    staging_scope: StagingScope | None = field(default=None, repr=False)
     cross_host_redirects: bool = False
+    allow_incomplete: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -119,7 +119,7 @@ class IOOptions:
             if not isinstance(staging_dir, str) or not staging_dir:
                 raise ValueError(f"staging_dir must be a non-empty local path, got {self.staging_dir!r}")
             object.__setattr__(self, "staging_dir", staging_dir)
-        for name in ("trust_manifest_urls", "cross_host_redirects"):
+        for name in ("trust_manifest_urls", "cross_host_redirects", "allow_incomplete"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.limits, Limits):

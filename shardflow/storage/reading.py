@@ -14,7 +14,7 @@ from shardflow.errors import ManifestError, RemoteReadError, ShardflowError, red
 from shardflow.format.compression import GZIP_MAGIC, ZSTD_MAGIC
 
 from .errors import ShardChangedError, ShortReadError
-from .filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
+from .backends.filesystems import filesystem, fresh_info, has_validator, identity_difference, is_http, is_memory
 from .options import DEFAULT_OPTIONS, IOOptions
 from .readers import LocalReader, open_reader, open_regular
 from .retries import call_with_retries, is_io_error, is_transient, read_error, retry_delay

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from .cache import cached_chunks
+from .sharing.cache import cached_chunks
 from .options import DEFAULT_OPTIONS, IOOptions
 from .read_ahead import readahead
 from .reading import check_range, retried_chunks
-from .staged import staged_chunks
+from .sharing.staged import staged_chunks
+from .sharing.staging import scope_of
 from .urls import is_local
 
 __all__ = ["open_chunks"]
@@ -27,7 +28,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     read-ahead thread (``options.readahead`` chunks) starts at once, so a shard
     opened early is fetched while the previous one is consumed. With
     ``options.staging_scope`` set (a DataLoader worker, see
-    :mod:`shardflow.storage.staging`), the bytes come through the rank's staging
+    :mod:`shardflow.storage.sharing.staging`), the bytes come through the rank's staging
     area, fetched once for all of its workers.
 
     Args:
@@ -53,7 +54,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size, digest or sha256)
-    elif options.staging_scope is not None:  # the rank's workers share the fetches, in threads of their own
+    elif scope_of(options) is not None:  # the rank's workers share the fetches, in threads of their own
         return staged_chunks(url, start, end, options, check_size, sha256)
     else:
         source = retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)

@@ -18,6 +18,9 @@ import posixpath
 import re
 from urllib.parse import unquote, urljoin
 
+from ..compat.fsspec import strip_protocol
+from ..format.compression import SHARD_SUFFIXES
+
 __all__ = [
     "LOCAL_PROTOCOLS",
     "SHARD_SUFFIXES",
@@ -32,7 +35,6 @@ __all__ = [
     "protocol_of",
 ]
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
 LOCAL_PROTOCOLS = frozenset({"", "file", "local"})
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -68,7 +70,7 @@ def local_path(url: str) -> str:
         return url
     from fsspec.implementations.local import LocalFileSystem
 
-    return LocalFileSystem._strip_protocol(url)
+    return strip_protocol(LocalFileSystem, url)
 
 
 def expand_braces(pattern: str) -> list[str]:

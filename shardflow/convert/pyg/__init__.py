@@ -65,7 +65,7 @@ from typing import Any
 
 from ...errors import ConversionError
 from ...format.manifest import Manifest
-from ..engine import ConvertOptions, run_conversion
+from ..engine.engine import ConvertOptions, run_conversion
 from .meta import close_database, dataset_info, file_states, fingerprint, qualname
 from .schema import graph_schema, merge_schemas
 from .spec import DatasetSpec, is_graph, is_indexable

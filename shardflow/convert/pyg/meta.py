@@ -9,6 +9,7 @@ import os
 import warnings
 from typing import Any
 
+from ...compat.pyg import reset_database
 from .workers import forget
 
 __all__ = ["close_database", "dataset_info", "file_states", "fingerprint", "qualname"]
@@ -80,6 +81,5 @@ def close_database(dataset: Any) -> None:
         from torch_geometric.data import OnDiskDataset
     except ImportError:  # pragma: no cover
         return
-    if isinstance(dataset, OnDiskDataset) and getattr(dataset, "_db", None) is not None:
-        dataset.close()
-        dataset._db = None  # close() keeps the closed handle; None makes `db` connect again
+    if isinstance(dataset, OnDiskDataset):
+        reset_database(dataset)

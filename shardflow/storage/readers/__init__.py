@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..filesystems import fresh_info, is_http, is_memory
+from ..backends.filesystems import fresh_info, is_http, is_memory
 from ..options import IOOptions
 from .gcs import GCSReader, is_gcs
 from .generic import FileReader

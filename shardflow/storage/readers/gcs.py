@@ -9,7 +9,7 @@ from shardflow.errors import RemoteReadError
 
 from ...compat import gcsfs as gcsfs_compat
 from ..errors import ShardChangedError
-from ..filesystems import fresh_info, sync_within
+from ..backends.filesystems import fresh_info, sync_within
 from .stream import StreamReader, range_total
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..filesystems import object_identity
+from ..backends.filesystems import object_identity
 from .local import FileObjectReader
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem

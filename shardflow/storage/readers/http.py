@@ -7,10 +7,11 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from shardflow.errors import RemoteReadError
+from shardflow.compat.aio import request_parameters
+from shardflow.errors import RemoteReadError, redact
 
 from ..errors import ShardChangedError, ShortReadError
-from ..filesystems import identity_difference, object_identity, sync_within
+from ..backends.filesystems import identity_difference, object_identity, sync_within
 from .stream import StreamReader, range_total
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
@@ -22,11 +23,7 @@ logger = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=1)
 def _aiohttp_auto_decompress_per_request() -> bool:
-    import inspect
-
-    import aiohttp
-
-    return "auto_decompress" in inspect.signature(aiohttp.ClientSession._request).parameters
+    return "auto_decompress" in request_parameters()
 
 
 class HTTPReader(StreamReader):
@@ -73,7 +70,7 @@ class HTTPReader(StreamReader):
         try:
             self._check(resp, url, offset)
             if resp.status == 200 and offset:
-                logger.debug("%s: server ignored the Range header; skipping %d bytes", url, offset)
+                logger.debug("%s: server ignored the Range header; skipping %d bytes", redact(url), offset)
                 left = offset
                 while left:
                     skipped = await resp.content.read(min(left, 1 << 20))

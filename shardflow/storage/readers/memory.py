@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..filesystems import object_identity
+from ...compat.fsspec import strip_protocol
+from ..backends.filesystems import object_identity
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
     import fsspec
@@ -14,7 +15,7 @@ class MemoryReader:
     """A snapshot of a ``memory://`` object (its file objects are shared, not reopenable)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, offset: int) -> None:
-        stripped = fs._strip_protocol(path)
+        stripped = strip_protocol(fs, path)
         if stripped not in fs.store:
             raise FileNotFoundError(path)
         self._data = memoryview(fs.store[stripped].getvalue())

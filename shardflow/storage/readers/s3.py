@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from shardflow.compat.fsspec import call_s3
 from shardflow.errors import RemoteReadError
 
 from ..errors import ShardChangedError
-from ..filesystems import fresh_info, object_identity, sync_within
+from ..backends.filesystems import fresh_info, object_identity, sync_within
 from .stream import StreamReader, range_total
 
 if TYPE_CHECKING:  # fsspec is imported by whoever made the filesystem
@@ -45,7 +46,7 @@ class S3Reader(StreamReader):
         if offset or stop is not None:
             kwargs["Range"] = f"bytes={offset}-{'' if stop is None else stop - 1}"
         try:
-            resp = sync_within(fs.loop, fs._call_s3, "get_object", timeout=timeout, what="a GetObject", **kwargs)
+            resp = sync_within(fs.loop, call_s3(fs), "get_object", timeout=timeout, what="a GetObject", **kwargs)
         except OSError as exc:
             code = _s3_error_code(exc)
             if code == "PreconditionFailed":
