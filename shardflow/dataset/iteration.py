@@ -66,8 +66,11 @@ def pipeline(
         needed[order] = True
         # read order is the yield order unless a shuffle buffer reorders: then no positions to keep
         # (nor a first batch to read first: see phases.first_phase)
-        if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
-            items: Iterator[Any] = reader.read_planned(
+        items: Iterator[Any]
+        if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
+            items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.source, io, policy, ds.shard_offsets), order)
+        elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+            items = reader.read_planned(
                 plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False
             )
         else:

@@ -35,7 +35,8 @@ def config(ds: Any, num_workers: int) -> dict[str, Any]:
         "shards": digest.hexdigest()[:16],
         "seed": ds.seed,
         "shuffle": [shuffle.shards, shuffle.buffer, shuffle.interleave, shuffle.initial]
-        + (["affinity"] if shuffle.affinity else []),  # (states saved before affinity stay valid)
+        + ([shuffle.window] if shuffle.window > 1 else [])
+        + (["affinity"] if shuffle.affinity else []),  # (states saved before the window or affinity stay valid)
         "partial": split.partial,
         "samples_per_epoch": split.samples_per_epoch,
         "batch_size": split.batch_size,

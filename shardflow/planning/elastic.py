@@ -109,7 +109,7 @@ def _redistribute(old: Sequence[RankPlan], step: int, ranks: Sequence[int], worl
         plan = plans[r]
         ends = np.asarray(split_to(per_rank[r], target), dtype=np.int64) if target else np.zeros(0, np.int64)
         out.append(RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
-                            plan.read_segment, plan.read_sample, plan.emit, ends, None))
+                            plan.read_segment, plan.read_sample, plan.emit, ends, None, scattered=plan.scattered))
     return out
 
 
@@ -199,6 +199,7 @@ def _build(old: Sequence[RankPlan], items: Items, m: int, padding: int, dropped:
         read_segment=np.concatenate(read_segment).astype(np.int32) if read_segment else np.zeros(0, np.int32),
         read_sample=np.concatenate(read_sample) if read_sample else np.zeros(0, np.int64),
         emit=emit.astype(np.int64),
+        scattered=any(p.scattered for p in old),
     )
 
 
