@@ -15,9 +15,21 @@ share of a batch, and the same for a uniform permutation of the labels (what ``R
 or ``DistributedSampler`` give), checks that the epoch holds every sample exactly once, and
 shows what ``shardflow inspect DST --batches N --json`` predicted (``batches.mean_distinct``).
 
+With ``--peers litdata,mosaic`` it measures the same for the peers on the same images, each with its
+defaults, the files given in the walk order (classes one after the other, as users do):
+
+- ``litdata``: ``litdata.optimize(fn, inputs, num_workers=2, chunk_size=MAX_COUNT)``, then
+  ``StreamingDataset(dir, shuffle=True, seed=0)`` in ``StreamingDataLoader`` (its default shuffle);
+- ``mosaic``: an ``MDSWriter`` loop (``size_limit`` giving about MAX_COUNT samples a shard), then
+  ``StreamingDataset(local=dir, shuffle=True, batch_size=B)`` in ``StreamingDataLoader`` (default
+  ``py1e``, default ``shuffle_block_size``), in a child process whose PYTHONPATH is the torchvision
+  stub of /work/shared/bench/peers (``streaming.vision`` imports torchvision at module level).
+
+Only the labels are counted (nothing decoded).
+
 Usage::
 
-    PYTHONPATH=$PWD python tools/bench_class_mix.py [--classes 200] [--per 130] [--json]
+    PYTHONPATH=$PWD python tools/bench_class_mix.py [--classes 200] [--per 130] [--json] [--peers litdata,mosaic]
 """
 
 from __future__ import annotations
@@ -120,6 +132,80 @@ def stream(dst: str, batch: int, workers: int) -> tuple[list[np.ndarray], int, i
     return out, n, len(keys)
 
 
+TVSTUB = os.environ.get("TVSTUB", "/work/shared/bench/peers/tvstub")
+
+
+def walk(root: str) -> list[tuple[str, int]]:
+    """(path, label) in the ImageFolder walk order: sorted class folders, sorted files."""
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    return [(os.path.join(root, c, f), i) for i, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(root, c)))]
+
+
+def lit_fn(path: str) -> dict:
+    """LitData optimize fn: the raw JPEG bytes and the label (folder name class_XXX -> XXX)."""
+    with open(path, "rb") as f:
+        return {"jpg": f.read(), "cls": int(os.path.basename(os.path.dirname(path)).split("_")[1])}
+
+
+def peer_child(lib: str, src: str, dst: str, batch: int, workers: int, max_count: int) -> dict:
+    """Build LIB's dataset from SRC (once) and stream it with its defaults: label batches and sample ids."""
+    items = walk(src)
+    if lib == "litdata":
+        import litdata
+
+        if not os.path.isdir(dst):
+            litdata.optimize(fn=lit_fn, inputs=[p for p, _ in items], output_dir=dst, num_workers=workers,
+                             chunk_size=max_count)
+            import multiprocessing  # optimize leaves the start method at spawn: the loader's workers fork
+
+            multiprocessing.set_start_method("fork", force=True)
+
+        class Labels(litdata.StreamingDataset):
+            def __getitem__(self, index):
+                s = super().__getitem__(index)
+                return {"cls": s["cls"], "id": index.index if hasattr(index, "index") else int(index)}
+
+        dl = litdata.StreamingDataLoader(Labels(dst, shuffle=True, seed=0), batch_size=batch, num_workers=workers)
+    elif lib == "mosaic":
+        from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        if not os.path.isdir(dst):
+            mean = sum(os.path.getsize(p) for p, _ in items) / len(items)
+            with MDSWriter(out=dst, columns={"jpg": "bytes", "cls": "int"}, size_limit=int(max_count * (mean + 16) * 1.01)) as w:
+                for p, label in items:
+                    with open(p, "rb") as f:
+                        w.write({"jpg": f.read(), "cls": label})
+
+        class Labels(StreamingDataset):
+            def get_item(self, sample_id, retry=7):
+                return {"cls": super().get_item(sample_id, retry)["cls"], "id": int(sample_id)}
+
+        dl = StreamingDataLoader(Labels(local=dst, shuffle=True, batch_size=batch), batch_size=batch, num_workers=workers)
+    else:
+        raise ValueError(f"unknown peer {lib!r} (litdata, mosaic)")
+    shards = len([f for f in os.listdir(dst) if f.endswith((".bin", ".mds"))])
+    out, ids = [], []
+    for b in dl:
+        out.append([int(x) for x in b["cls"]])
+        ids.extend(int(x) for x in b["id"])
+    return {"batches": out, "ids": ids, "shards": shards}
+
+
+def run_peer(lib: str, src: str, dst: str, args: argparse.Namespace) -> tuple[list[np.ndarray], int, int, int]:
+    """peer_child in a child process (Mosaic's with the torchvision stub on PYTHONPATH)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if lib == "mosaic":
+        env["PYTHONPATH"] = TVSTUB
+    cmd = [sys.executable, os.path.abspath(__file__), "--peer-child", json.dumps(
+        [lib, src, dst, args.batch, args.workers, args.max_count])]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return [np.asarray(b) for b in res["batches"]], len(res["ids"]), len(set(res["ids"])), res["shards"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--classes", type=int, default=200)
@@ -130,7 +216,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work", help="folder to build in (default: a temporary one)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--peers", default="", help="also measure these, comma-separated: litdata,mosaic")
+    ap.add_argument("--peer-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peer_child:
+        print(json.dumps(peer_child(*json.loads(args.peer_child))))
+        return 0
+    peers = [p for p in args.peers.split(",") if p]
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or tmp
         src, conv, wds = (os.path.join(work, x) for x in ("src", "converted", "class-ordered"))
@@ -152,6 +244,13 @@ def main() -> int:
             got["exact_epoch"] = n == total and unique == total
             got["inspect_mean_distinct"] = inspect_mean(dst, len(batches), args.batch)
             report[name] = got
+        for lib in peers:
+            batches, n, unique, shards = run_peer(lib, src, os.path.join(work, lib), args)
+            got = mix(batches)
+            got["ratio"] = got["mean_distinct"] / perm["mean_distinct"]
+            got["exact_epoch"] = n == total and unique == total
+            got["shards"] = shards
+            report[lib] = got
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -162,6 +261,10 @@ def main() -> int:
         r = report[name]
         print(f"{name:16s}{r['mean_distinct']:16.1f}{r['ratio']:8.2f}{r['largest_share']:15.1%}"
               f"{r['worst_distinct']:7d}{str(r['exact_epoch']):>7s}{r['inspect_mean_distinct']:9.1f}")
+    for name in peers:
+        r = report[name]
+        print(f"{name:16s}{r['mean_distinct']:16.1f}{r['ratio']:8.2f}{r['largest_share']:15.1%}"
+              f"{r['worst_distinct']:7d}{str(r['exact_epoch']):>7s}{'-':>9s}")
     return 0
 
 
