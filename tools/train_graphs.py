@@ -118,11 +118,9 @@ def accuracy(model: torch.nn.Module, val: Any) -> float:
 def train_from_shards(a: argparse.Namespace, shards: Path, rank: int) -> tuple[torch.nn.Module, float]:
     model = wrap(make_model())
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    # The atlas is ordered by size, and so by label: a buffer holding the whole epoch is a uniform
-    # permutation, as DistributedSampler's (it holds up to a worker's share of encoded graphs).
-    everything = len(shardflow.ShardDataset(shards, rank=0, world_size=1))
-    shuffle = shardflow.ShuffleConfig(buffer=everything, initial=everything)
-    ds = shardflow.ShardDataset(shards, shuffle=shuffle, seed=a.seed, transform={"graph.pyg": noisy})
+    # The atlas is ordered by size, and so by label: the default shuffle's window spreads those
+    # local, indexed shards (docs/distributed.md), with no epoch-sized buffer.
+    ds = shardflow.ShardDataset(shards, shuffle=True, seed=a.seed, transform={"graph.pyg": noisy})
     loader = shardflow.loader(ds, batch_size=a.batch_size, num_workers=a.workers, drop_last=True)
     ckpt = Path(a.work) / "ckpt.pt"
     state = torch.load(ckpt) if ckpt.exists() else None

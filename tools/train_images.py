@@ -110,15 +110,9 @@ def accuracy(model: torch.nn.Module, val: Path) -> float:
 def train_from_shards(a: argparse.Namespace, shards: Path, rank: int) -> tuple[torch.nn.Module, float]:
     model = wrap(make_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    # The converter writes the classes one after the other. A buffer smaller than the epoch keeps
-    # the stream's order over windows of a few batches (a run of batches leans towards the classes
-    # of the shards being read; the last ones towards the last shards read), which costs accuracy.
-    # A buffer holding the whole epoch is a uniform permutation, as DistributedSampler's. It holds
-    # up to a worker's share of the encoded samples (small here); for a set too large for that,
-    # write the shards from a shuffled file list instead.
-    everything = len(shardflow.ShardDataset(shards, rank=0, world_size=1))
-    shuffle = shardflow.ShuffleConfig(buffer=everything, initial=everything)
-    ds = shardflow.ShardDataset(shards, shuffle=shuffle, seed=a.seed, decode="torch", fields=("image", "cls"),
+    # The defaults: the converter writes the classes mixed (a seeded order) and the default shuffle
+    # mixes shards and samples; no epoch-sized buffer (docs/distributed.md has the class mix).
+    ds = shardflow.ShardDataset(shards, shuffle=True, seed=a.seed, decode="torch", fields=("image", "cls"),
                                 transform={"image": shift})
     loader = shardflow.loader(ds, batch_size=a.batch_size, num_workers=a.workers, drop_last=True)
     ckpt = Path(a.work) / "ckpt.pt"
