@@ -82,7 +82,8 @@ def format_batches(b: dict[str, Any]) -> list[str]:
     p, run = b["permutation"], b["worst_run"] or {"first": 0, "batches": 0, "mean_distinct": 0.0}
     ratio = f" ({b['ratio']:.2f}x)" if b["ratio"] is not None else ""
     return [
-        f"batches   {b['batches']:,} of {b['batch_size']:,} planned (epoch 0, rank 0; labels from the {b['labels_from']})",
+        f"batches   the first {b['batches']:,} planned batches of {b['batch_size']:,} samples "
+        f"(epoch 0, rank 0; labels from the {b['labels_from']})",
         f"  distinct classes per batch  {b['mean_distinct']:.1f}{ratio}; a uniform permutation {p['mean_distinct']:.1f}",
         f"  largest class's share       {b['largest_share']:.1%}; a uniform permutation {p['largest_share']:.1%}",
         f"  worst batch {b['worst_distinct']} distinct; worst run of {run['batches']} batches from batch "
