@@ -1,20 +1,31 @@
 """shardflow: pack training data into tar shards and stream them into PyTorch.
 
-Public surface (see DESIGN.md §3):
+The public names, imported on first use so that ``import shardflow`` stays light (the module each
+comes from in brackets; docs/architecture.md says what every package is for, README.md shows them
+in use):
 
-- :class:`ShardWriter`: write samples into tar shards plus a ``shardflow.json`` manifest.
-- :func:`write_shards`: ``fn`` over a stream of inputs, in parallel (local processes or Dask),
-  deterministic and resumable: the general form of every converter.
-- :class:`ShardDataset`: a streaming ``IterableDataset`` over shards, local or any fsspec URL.
-- :class:`Source`: one of several sources of a dataset (a union, or a weighted mixture).
-- :class:`IndexedShardDataset`: map-style random access through the offset index.
-- :func:`loader`: a :class:`ShardLoader`, a DataLoader with the right settings, with
-  ``state_dict()`` for resumption; :func:`collate` is its default ``collate_fn``.
+- :class:`ShardWriter` (``writing.writer``): write samples into tar shards plus a
+  ``shardflow.json`` manifest.
+- :func:`write_shards` (``convert.engine.write``): ``fn`` over a stream of inputs, in parallel
+  (local processes or Dask), deterministic and resumable: the general form of every converter.
+- :class:`ShardDataset` (``dataset``): a streaming ``IterableDataset`` over shards, local or any
+  fsspec URL.
+- :class:`Source` (``sources.source``): one of several sources of a dataset (a union, or a
+  weighted mixture).
+- :class:`IndexedShardDataset` (``indexed``): map-style random access through the offset index.
+- :class:`ShuffleConfig` (``planning.plan``), :class:`IOOptions` (``storage``),
+  :class:`DecodeOptions` (``codecs``): how an epoch is shuffled, how shards are read and written,
+  how fields are decoded.
+- :func:`loader` (``loading.shardloader``): a :class:`ShardLoader`, a DataLoader with the right
+  settings, with ``state_dict()`` for resumption; :func:`collate` (``loading.collation``) is its
+  default ``collate_fn``.
 - :mod:`shardflow.config`: a pipeline in one YAML file (``shardflow.config.loader_from_config``).
 - :func:`map_fields`: per-field transforms (a torchvision transform for the ``image`` field);
   :mod:`shardflow.transforms` has it and a dependency-free ``Resize``.
-- :func:`sample_rng` / :func:`sample_generator`: numpy / torch generators seeded for the
-  sample a transform is preparing (see :mod:`shardflow.seeding`).
+- :func:`sample_rng` / :func:`sample_generator` (``seeding``): numpy / torch generators seeded for
+  the sample a transform is preparing.
+- :class:`ShardflowError` (``errors``): the base of every error shardflow raises, each also a
+  subclass of the fitting builtin (``ValueError``, ``OSError``, ...).
 """
 
 from __future__ import annotations

@@ -76,6 +76,8 @@ class PipelineConfig:
         storage_options: fsspec options (credentials, ``client_kwargs.endpoint_url``, ...).
         trust_manifest_urls: open shard, index and sizes URLs that a manifest names outside
             its own folder (refused by default; see :class:`shardflow.storage.IOOptions`).
+        allow_incomplete: read a folder that a writer is still writing, or whose conversion
+            did not finish (refused by default; see :class:`shardflow.storage.IOOptions`).
         samples_per_epoch: samples per rank per epoch when training by steps, or None.
         resize: ``[height, width]`` (or one int) in pixels: every decoded image is
             resized to it (:class:`shardflow.transforms.Resize`, before any
@@ -99,6 +101,7 @@ class PipelineConfig:
     cache_dir: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     trust_manifest_urls: bool = False
+    allow_incomplete: bool = False
     samples_per_epoch: int | None = None
     resize: tuple[int, int] | None = None
 
@@ -154,8 +157,9 @@ class PipelineConfig:
         if not isinstance(self.storage_options, Mapping):
             raise bad("storage_options", "a mapping of fsspec options")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
-        if not isinstance(self.trust_manifest_urls, bool):
-            raise bad("trust_manifest_urls", "true or false")
+        for flag in ("trust_manifest_urls", "allow_incomplete"):
+            if not isinstance(getattr(self, flag), bool):
+                raise bad(flag, "true or false")
         if self.samples_per_epoch is not None and (not is_int(self.samples_per_epoch) or self.samples_per_epoch < 1):
             raise bad("samples_per_epoch", "an int >= 1 or null")
         if self.resize is not None:
@@ -332,7 +336,7 @@ def dataset_from_config(cfg: str | os.PathLike | Mapping[str, Any] | PipelineCon
     io = extra.pop("io", None)
     if io is None:
         io = IOOptions(storage_options=cfg.storage_options, cache_dir=cfg.cache_dir,
-                       trust_manifest_urls=cfg.trust_manifest_urls)
+                       trust_manifest_urls=cfg.trust_manifest_urls, allow_incomplete=cfg.allow_incomplete)
     source: Any = cfg.source
     if isinstance(source, tuple):
         from .sources.source import Source

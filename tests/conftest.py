@@ -1,5 +1,6 @@
 from tests.servers import *  # noqa: F403 - shared server fixtures
 from tests.emulators import *  # noqa: F403 - GCS and Azure emulator fixtures
+from tests.lanes import pytest_runtest_protocol, pytest_sessionfinish  # noqa: F401 - hooks
 
 
 import gc  # noqa: E402
@@ -10,6 +11,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from shardflow import fastpath  # noqa: E402
+from tests import lanes  # noqa: E402
 
 # Hypothesis defaults that fail by chance on a loaded machine (CI: 2 cores shared with other
 # jobs), not because of a bug: a 200 ms deadline per example and the too_slow health check on
@@ -46,10 +48,17 @@ def others_garbage_collected():
         gc.collect()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that use a server or start processes (tests/lanes.py), for the quick lane."""
+    lanes.mark(items)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Name the emulators that were missing and how to install them: ``pytest -q`` shows a skip
-    as an ``s`` only (tests/emulators.py)."""
+    as an ``s`` only (tests/emulators.py). Under ``SHARDFLOW_CHECK_MARKS=1``, name the tests that
+    started a process or a server without its mark (tests/lanes.py)."""
     from tests.emulators import MISSING
 
     for message in sorted(MISSING):
         terminalreporter.write_line(f"note: {message}")
+    lanes.summary(terminalreporter)

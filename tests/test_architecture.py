@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardflow"
 # the package's __init__, so that a new top-level module must be placed here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("shardflow", "shardflow.errors", "shardflow.policy", "shardflow.fastpath", "shardflow.compat", "shardflow.world",
-              "shardflow.state", "shardflow.expand", "shardflow.seeding")),
+              "shardflow.state", "shardflow.expand", "shardflow.seeding", "shardflow.accounting")),
     ("format", ("shardflow.format",)),
     ("storage", ("shardflow.storage", "shardflow.urls")),
     ("codecs", ("shardflow.codecs", "shardflow.graph")),

@@ -70,8 +70,11 @@ def test_plot_writes_png(images: Path, tmp_path: Path, capsys: pytest.CaptureFix
     out = bench_json(capsys, str(images), "--workers", "0", "--batch-size", "4", "--plot", str(plot))
     assert out["plot"] == str(plot)
     img = Image.open(plot)
-    assert img.format == "PNG" and img.size == (800, 400)
-    assert np.asarray(img.convert("L")).std() > 5
+    assert img.format == "PNG" and img.size == (800, 700)  # throughput above, the stage breakdown below
+    pixels = np.asarray(img.convert("L"))
+    assert pixels[:350].std() > 5 and pixels[350:].std() > 5
+    assert list(out["stages"]) == ["fetch", "read", "decode", "transform", "collate", "handover"]
+    assert sum(out["stages"].values()) > 0 and out["verdict"].startswith("the loop waited for data")
 
 
 def test_seconds_stops_early(images: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,7 +123,7 @@ def test_the_plot_shows_the_rate_that_is_printed(images: Path, tmp_path: Path, c
 
     drawn = {}
 
-    def fake_plot(timeline, path, *, title="", mean=None):
+    def fake_plot(timeline, path, *, title="", mean=None, **_):
         drawn.update(timeline=timeline, mean=mean)
 
     monkeypatch.setattr(bench, "plot_throughput", fake_plot)

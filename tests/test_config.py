@@ -89,7 +89,7 @@ def test_unknown_key_lists_the_valid_ones() -> None:
     msg = str(e.value)
     assert "unknown config key(s) 'shufle' (did you mean 'shuffle'?)" in msg
     assert "the valid keys are source, shuffle, seed, decode, fields, partial, batch_size, num_workers, drop_last, " \
-           "on_error, cache_dir, storage_options, trust_manifest_urls, samples_per_epoch" in msg
+           "on_error, cache_dir, storage_options, trust_manifest_urls, allow_incomplete, samples_per_epoch" in msg
     assert isinstance(e.value, ValueError)
 
 

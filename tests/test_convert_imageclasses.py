@@ -54,7 +54,7 @@ def test_lists_of_names(tmp_path: Path) -> None:
     assert classes_from(str(tmp_path / "names.txt")) == {"a": 0, "b": 1, "c": 2, "d": 3}
     assert classes_from(str(tmp_path / "names.json")) == {"d": 0, "c": 1, "b": 2, "a": 3}
     m = convert_imagefolder(val, str(tmp_path / "o1"), options=ConvertOptions(workers=1),
-                            classes_from=str(tmp_path / "names.json"))
+                            classes_from=str(tmp_path / "names.json"), order="walk")
     # classes in index order: d (0) before a (3)
     assert list(m.meta["class_to_idx"].items()) == [("d", 0), ("a", 3)]
     assert [s["__key__"] for s in shardflow.ShardDataset(str(tmp_path / "o1"), decode=None)] == ["d/x", "a/x"]

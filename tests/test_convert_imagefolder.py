@@ -38,6 +38,7 @@ from shardflow.convert.images.imagefolder import (
     find_classes,
     key_to_path,
 )
+from shardflow.convert.engine.mixorder import input_order
 from shardflow.errors import ConversionError
 from shardflow.format.keys import check_key, split_name
 from shardflow.format.journal import manifest_from_journal
@@ -127,7 +128,7 @@ def test_c14_empty_classes_fail_before_any_shard(junk_tree: Path, tmp_path: Path
 
 def test_c14_allow_empty(junk_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    manifest = convert_imagefolder(junk_tree, str(dst), allow_empty=True)
+    manifest = convert_imagefolder(junk_tree, str(dst), allow_empty=True, order="walk")
     expected_classes = {"cat": 0, "dog": 1, "empty": 2, "notes": 3}
     assert manifest.meta["class_to_idx"] == expected_classes
     assert manifest.num_samples == 4
@@ -243,7 +244,7 @@ ODD_KEYS = [
 def test_keys_fields_order_and_nesting(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     manifest = convert_imagefolder(
-        odd_tree, str(dst), options=ConvertOptions(max_count=5, workers=1), follow_links=True
+        odd_tree, str(dst), options=ConvertOptions(max_count=5, workers=1), follow_links=True, order="walk"
     )
     assert manifest.meta["class_to_idx"] == {"bird": 0, "fish": 1}
     assert manifest.meta["class_counts"] == {"bird": 9, "fish": 3}
@@ -310,7 +311,8 @@ def test_extensions_option(odd_tree: Path, tmp_path: Path) -> None:
 
 
 def test_default_walk_skips_and_names_the_link_out_of_the_tree(odd_tree: Path, tmp_path: Path) -> None:
-    manifest = convert_imagefolder(odd_tree, str(tmp_path / "out"), options=ConvertOptions(max_count=5, workers=1))
+    manifest = convert_imagefolder(odd_tree, str(tmp_path / "out"), options=ConvertOptions(max_count=5, workers=1),
+                                   order="walk")
     assert manifest.meta["class_counts"] == {"bird": 9, "fish": 2}
     assert manifest.meta["skipped_dirs"] == 3
     named = {e["path"]: e["reason"] for e in manifest.meta["ignored"]}
@@ -321,7 +323,8 @@ def test_default_walk_skips_and_names_the_link_out_of_the_tree(odd_tree: Path, t
 
 def test_webdataset_reads_the_shards(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    convert_imagefolder(odd_tree, str(dst), options=ConvertOptions(max_count=4, workers=2), follow_links=True)
+    convert_imagefolder(odd_tree, str(dst), options=ConvertOptions(max_count=4, workers=2), follow_links=True,
+                        order="walk")
     urls = [str(dst / name) for name in tars(dst)]
     ours = list(shardflow.ShardDataset(str(dst), decode=None))
     theirs = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
@@ -333,7 +336,7 @@ def test_webdataset_reads_the_shards(odd_tree: Path, tmp_path: Path) -> None:
 
 
 def test_memory_destination(junk_tree: Path) -> None:
-    manifest = convert_imagefolder(junk_tree, "memory://imagefolder-test/out", allow_empty=True)
+    manifest = convert_imagefolder(junk_tree, "memory://imagefolder-test/out", allow_empty=True, order="walk")
     assert manifest.num_samples == 4
     keys = [s["__key__"] for s in shardflow.ShardDataset("memory://imagefolder-test/out", decode=None)]
     assert keys == ["cat/a", "cat/b", "dog/C", "dog/D"]
@@ -342,13 +345,13 @@ def test_memory_destination(junk_tree: Path) -> None:
 def test_rerun_rewrites_only_the_shard_whose_file_changed(odd_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     options = ConvertOptions(max_count=5, workers=1)
-    convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True)
+    convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True, order="walk")
     names = tars(dst)
     before = identities(dst, names)
     # same path, new content and size: the shard that holds it is rewritten, the others kept
     new_bytes = image_bytes("PNG", 99, size=(30, 20))
     write(odd_tree / "fish" / "x.jpg", new_bytes)
-    manifest = convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True)
+    manifest = convert_imagefolder(odd_tree, str(dst), options=options, follow_links=True, order="walk")
     after = identities(dst, names)
     assert [n for n in names if before[n] != after[n]] == ["train-000002.tar"]
     fields = dict(shard_samples(dst / "train-000002.tar"))
@@ -455,14 +458,15 @@ def test_c15_one_streaming_walk(big_tree: Path, big_converted) -> None:
 @pytest.mark.slow
 def test_c15_keys_unique_sorted_disjoint_shards(big_converted) -> None:
     dst, manifest, _ = big_converted
-    keys = expected_keys()
+    walked = expected_keys()
+    keys = [walked[j] for j in input_order(len(walked), 0)]  # the default order: the walk, shuffled
     assert manifest.num_samples == CLASSES * PER_CLASS
     assert [s.url for s in manifest.shards] == [f"train-{i:06d}.tar" for i in range(100)]
     assert tars(dst) == [s.url for s in manifest.shards]
     seen: list[str] = []
     for i, shard in enumerate(manifest.shards):
         samples = shard_samples(dst / shard.url)
-        # shard i holds exactly samples i*max_count .. (i+1)*max_count - 1 of the sorted stream
+        # shard i holds exactly samples i*max_count .. (i+1)*max_count - 1 of the shuffled stream
         assert [k for k, _ in samples] == keys[i * MAX_COUNT : (i + 1) * MAX_COUNT]
         assert all(f["cls"] == str(int(k[1:5])).encode() for k, f in samples)
         assert shard.samples == len(samples) == MAX_COUNT

@@ -23,6 +23,7 @@ import pytest
 from shardflow import DecodeOptions, IndexedShardDataset, IOOptions, ShardDataset
 from shardflow.errors import DecodeError, ManifestError, RemoteReadError, SampleError, ShardflowError, ShardFormatError
 from shardflow.format.limits import Limits
+from shardflow.planning.plan import ShuffleConfig
 from shardflow.format.tar import END_OF_ARCHIVE, encode_member, encode_sample, iter_samples
 from shardflow.writing.indexing import index_shards
 from shardflow.inspect import verify
@@ -934,7 +935,9 @@ def test_a_sample_start_named_with_the_previous_key_loses_that_sample_only(tmp_p
     expected = {sample_key(i): {"cls": str(i).encode(), **({"txt": f"text {i}".encode()} if two_fields else {})}
                 for i in range(n) if i != victim}
     split = [dict(rank=r, world_size=2) for r in range(2)]
-    ways = [[{}], [dict(shuffle=True, seed=3)], split]
+    ways = [[{}], [dict(shuffle=ShuffleConfig(window=0), seed=3)], split]
+    if two_fields:  # the window shuffle reads each sample on its own, a seek: see the note below
+        ways.append([dict(shuffle=True, seed=3)])
     if victim == n // 2 and not two_fields:
         # rank 1 seeks to the damaged sample itself: its one member's key is told from the one
         # before only by reading that one too, which a seek does not (left out, not asserted)

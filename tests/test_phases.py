@@ -18,7 +18,7 @@ from tests.helpers import assert_resumes, make_shards
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"), pytest.mark.usefixtures("fast_paths")]
 
-SHUFFLE = ShuffleConfig(shards=True, buffer=40, initial=4)
+SHUFFLE = ShuffleConfig(shards=True, buffer=40, initial=4, window=0)  # the phases of the interleaved read (a window reads by seeks)
 COUNTS = [20] * 10
 BATCH = 4
 

@@ -153,18 +153,25 @@ def test_config_validation():
 def test_samples_per_epoch_walks_an_endless_stream():
     counts = [3, 3]
     split = SplitConfig(batch_size=2, samples_per_epoch=4)
-    shuffle = ShuffleConfig(shards=True, buffer=0, interleave=1)
+    shuffle = ShuffleConfig(shards=True, buffer=0, interleave=1, window=0)
     epochs = [[global_ids(plan_epoch(counts, r, 2, 0, e, shuffle, split), counts) for r in range(2)] for e in range(3)]
     stream = [i for e in epochs for r in e for i in r]  # 24 positions = 4 passes of 6
     for p in range(4):
         assert sorted(stream[6 * p : 6 * p + 6]) == list(range(6)), f"pass {p} is not every sample once"
     assert all(len(r) == 4 for e in epochs for r in e)
+    # the window shuffle permutes each epoch's stretch of that stream over the ranks: the same samples
+    windowed = ShuffleConfig(shards=True, buffer=0, interleave=1)
+    for e in range(3):
+        mixed = [global_ids(plan_epoch(counts, r, 2, 0, e, windowed, split), counts) for r in range(2)]
+        assert sorted(mixed[0] + mixed[1]) == sorted(epochs[e][0] + epochs[e][1])
+        assert [len(r) for r in mixed] == [4, 4]
 
 
 # ---------------------------------------------------------------- properties
 
 counts_st = st.lists(st.integers(0, 12), min_size=1, max_size=12).filter(lambda c: sum(c) > 0)
-shuffle_st = st.builds(ShuffleConfig, shards=st.booleans(), buffer=st.integers(0, 20), interleave=st.integers(1, 4))
+shuffle_st = st.builds(ShuffleConfig, shards=st.booleans(), buffer=st.integers(0, 20), interleave=st.integers(1, 4),
+                       window=st.sampled_from([0, 3, 1 << 18]))
 
 
 @st.composite
@@ -199,7 +206,9 @@ def test_plan_is_a_partition_with_equal_rank_counts(case, shuffle, seed, epoch):
     # every rank's yield order is a permutation of what it reads
     for p in plans:
         assert sorted(p.emit.tolist()) == list(range(len(p.read_sample)))
-        assert sum(len(s) for s in p.segments) == len(p.read_sample) == min(p.samples, p.num_batches * bs)
+        assert len(p.read_sample) == min(p.samples, p.num_batches * bs)
+        # a rank reads its own segments; under a window shuffle, its share of the epoch's
+        assert sum(len(s) for s in p.segments) == (w * p.samples if p.scattered else len(p.read_sample))
     seen = Counter(i for p in plans for i in global_ids(p, counts))
     yielded = sum(seen.values())
     assert yielded == total + p0.padding - p0.dropped

@@ -172,6 +172,19 @@ def test_iter_chunks_exact_bytes(store):
             assert [len(c) for c in chunks] == [1000] * 10 + [21]
 
 
+def test_local_reads_at_most_local_read(tmp_path):
+    """A local file is read at most LOCAL_READ (2 MiB) at a time, whatever block_size says."""
+    from shardflow.storage.reading import LOCAL_READ
+    data = os.urandom(LOCAL_READ * 2 + 12345)
+    path = tmp_path / "big.tar"
+    path.write_bytes(data)
+    chunks = list(iter_chunks(str(path), options=IOOptions(block_size=4 << 20)))
+    assert LOCAL_READ == 2 << 20
+    assert [len(c) for c in chunks] == [LOCAL_READ, LOCAL_READ, 12345]
+    assert b"".join(chunks) == data
+    assert [len(c) for c in iter_chunks(str(path), 5, None, IOOptions(block_size=1 << 20))] == [1 << 20] * 4 + [12340]
+
+
 def test_read_range_exact_bytes(store):
     url = store.put("obj.bin", DATA)
     opts = store.options()

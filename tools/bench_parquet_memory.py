@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peak RSS growth of ``convert parquet`` against the files' row-group size (docs/convert.md).
+"""Peak RSS growth of ``convert parquet`` against the files' row-group size (docs/getting-data-in.md).
 
     python tools/bench_parquet_memory.py [--rows 3000] [--value-kb 100] [--row-groups 100 3000]
 

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "verify": "check every shard against the manifest and decode every sample",
     "show": "draw samples as a PNG grid: images with labels and keys, or graphs",
     "bench": "measure streaming throughput: samples/s, MiB/s, time to first batch",
+    "plan": "predict each epoch's GETs and bytes per rank from the plan, and their cost",
 }
 
 

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..codecs import IMAGE_FIELD, is_image_field
@@ -255,11 +255,14 @@ def run(args: argparse.Namespace) -> int:
         "resize_is_bench_default": resized,
         "config": cfg.to_dict(),
     }
+    report = loader.report().to_dict()  # the workers' stages (shardflow.accounting)
+    out["stages"], out["wait_fraction"], out["verdict"] = report["stages"], report["wait_fraction"], report["sentence"]
     timeline = result["timeline"]
     if len(timeline) > 1 and secs > timeline[0][0]:
         out["steady_samples_per_s"] = round((timeline[-1][1] - timeline[0][1]) / (timeline[-1][0] - timeline[0][0]), 2)
     if args.plot:
-        plot_throughput(timeline, args.plot, title=_title(cfg), mean=out["samples_per_s"])
+        plot_throughput(timeline, args.plot, title=_title(cfg), mean=out["samples_per_s"],
+                        stages=out["stages"], verdict=out["verdict"])
         out["plot"] = args.plot
     if args.json:
         print(json.dumps(out, indent=1, ensure_ascii=False))
@@ -304,26 +307,31 @@ def format_result(out: dict[str, Any], cfg: PipelineConfig) -> str:
     if out.get("skipped"):
         reasons = ", ".join(f"{k} {v:,}" for k, v in out["skipped_by_reason"].items())
         lines.append(f"skipped      {counted(out['skipped'], 'sample')} (on_error={cfg.on_error}: {reasons or 'see the log'})")
+    if out.get("stages"):
+        lines.append(f"stages       {stage_line(out['stages'])} of the workers' time")
     if out.get("plot"):
         lines.append(f"plot         {out['plot']}")
     return "\n".join(lines)
 
 
 def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str = "",
-                    mean: float | None = None) -> None:
+                    mean: float | None = None, stages: dict[str, float] | None = None, verdict: str = "") -> None:
     """Save samples/s over time as a PNG at ``path``.
 
     Windows are 1/40 of the run, widened to three typical batch intervals so
     that each holds several batches. ``mean`` (samples/s) is drawn as the dashed
     line; pass the rate that is printed beside the plot (default: samples over the
-    time of the last batch).
+    time of the last batch). ``stages``: the workers' seconds per stage, drawn below as bars
+    (:func:`draw_stages`), with ``verdict`` (the report's sentence) as their title.
     """
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend, PNG through Agg
     except ImportError as e:
         raise missing_dependency("matplotlib", "show", "plotting throughput (--plot)") from e
-    fig = Figure(figsize=(8, 4), dpi=100)
-    ax = fig.add_subplot(1, 1, 1)
+    fig = Figure(figsize=(8, 4 if stages is None else 7), dpi=100)
+    ax = fig.add_subplot(1 if stages is None else 2, 1, 1)
+    if stages is not None:
+        draw_stages(fig.add_subplot(2, 1, 2), stages, verdict)
     if timeline:
         end = timeline[-1][0]
         gaps = sorted(b[0] - a[0] for a, b in zip(timeline, timeline[1:]))
@@ -353,3 +361,27 @@ def plot_throughput(timeline: list[tuple[float, int]], path: str, *, title: str 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, format="png")
+
+
+def draw_stages(ax: Any, stages: Mapping[str, float], sentence: str = "") -> None:
+    """Draw worker seconds per stage (:mod:`shardflow.accounting`) as horizontal bars on a
+    matplotlib ``ax``, each labelled with its share; ``sentence``: the report's verdict, as the
+    title."""
+    names = list(stages)
+    secs = [stages[n] for n in names]
+    total = sum(secs) or 1.0
+    bars = ax.barh(names, secs, color="#4477aa", alpha=0.7)
+    for bar, s in zip(bars, secs):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s / total:.0%}", va="center", fontsize=8)
+    ax.invert_yaxis()  # innermost stage (fetch) on top, in pipeline order
+    ax.set_xlabel("worker seconds (all workers)")
+    ax.set_title(sentence, fontsize=7, wrap=True)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def stage_line(stages: Mapping[str, float]) -> str:
+    """``"fetch 2%, read 10%, ..."``: each stage's share of the workers' time."""
+    total = sum(stages.values())
+    if total <= 0:
+        return "not timed"
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in stages.items())

@@ -67,6 +67,10 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
     parser.add_argument("--quality", type=int, default=90, metavar="Q",
                         help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
+    parser.add_argument("--order", choices=["shuffled", "walk"], default="shuffled",
+                        help="shuffled (default): images in a seeded random order, every shard mixing the classes; "
+                        "walk: classes one after the other, as listed (for data that must stay ordered)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
@@ -95,7 +99,7 @@ def _imagefolder(args: argparse.Namespace) -> int:
         lambda update, client: convert_imagefolder(
             args.src, args.dst, allow_empty=args.allow_empty, options=options, progress=update, client=client,
             classes_from=args.classes_from, on_error=args.on_error, follow_links=args.follow_links,
-            max_side=args.max_side, quality=args.quality,
+            max_side=args.max_side, quality=args.quality, order=args.order, seed=args.seed,
         ),
         summary,
         args=args,

@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-graphs", type=int, default=None, metavar="N",
                         help="decode at most N graphs per shard for graph statistics (default all)")
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="scanning processes (default: CPUs)")
+    parser.add_argument("--batches", type=int, default=None, metavar="N",
+                        help="report the class mix of the first N planned batches of epoch 0, rank 0 (labels read "
+                        "without image bytes) beside a uniform permutation's")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="batch size for --batches (default 256)")
     add_io_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -47,12 +51,43 @@ def run(args: argparse.Namespace) -> int:
             source, keys=args.keys, scan=args.scan, label=args.label, max_graphs=args.max_graphs,
             workers=args.workers, io=io, progress=update, samples_per_epoch=per_epoch,
         )
+    if args.batches:
+        info["batches"] = planned_batches(args, source, io)
     if args.json:
         print(json.dumps(info, indent=1, ensure_ascii=False))
     else:
         print(format_summary(info))
     # nothing could be read (a mistyped path, a shard that is gone): not an empty dataset
     return 1 if info["errors"] and not info["samples"] else 0
+
+
+def planned_batches(args: argparse.Namespace, source: Any, io: Any) -> dict[str, Any]:
+    """The class mix of the planned batches (:func:`shardflow.inspect.batchmix.planned_mix`): the
+    dataset as its config builds it (a ``.yaml``), else ``ShardDataset(URL, shuffle=True, seed=0)``."""
+    from .. import loader
+    from ..config import dataset_from_config, load_config
+    from ..dataset import ShardDataset
+    from ..inspect.batchmix import planned_mix
+
+    if str(args.url).endswith((".yaml", ".yml")):
+        ds = dataset_from_config(load_config(args.url), decode=None)
+    else:
+        ds = ShardDataset(source, shuffle=True, seed=0, decode=None, io=io)
+    loader(ds, batch_size=args.batch_size)  # sets the dataset's batch size, as training will
+    return planned_mix(ds, args.batches, label=args.label)
+
+
+def format_batches(b: dict[str, Any]) -> list[str]:
+    """The summary's lines for a :func:`planned_batches` result."""
+    p, run = b["permutation"], b["worst_run"] or {"first": 0, "batches": 0, "mean_distinct": 0.0}
+    ratio = f" ({b['ratio']:.2f}x)" if b["ratio"] is not None else ""
+    return [
+        f"batches   {b['batches']:,} of {b['batch_size']:,} planned (epoch 0, rank 0; labels from the {b['labels_from']})",
+        f"  distinct classes per batch  {b['mean_distinct']:.1f}{ratio}; a uniform permutation {p['mean_distinct']:.1f}",
+        f"  largest class's share       {b['largest_share']:.1%}; a uniform permutation {p['largest_share']:.1%}",
+        f"  worst batch {b['worst_distinct']} distinct; worst run of {run['batches']} batches from batch "
+        f"{run['first']}: {run['mean_distinct']:.1f}",
+    ]
 
 
 def _n(x: int | None) -> str:
@@ -136,6 +171,8 @@ def format_summary(info: dict[str, Any]) -> str:
             if len(text) > _META_WIDTH:
                 text = text[: _META_WIDTH - 3] + "..."
             lines.append(f"  {k}: {text}")
+    if info.get("batches"):
+        lines += format_batches(info["batches"])
     for err in info["errors"]:
         lines.append(f"warning   {err} (run `shardflow verify`)")
     return "\n".join(lines)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 
 from .. import fastpath
 from ..errors import DecodeError, SampleError
+from .labels import decode_int, encode_int
 from ..format.keys import IMAGE_EXTENSIONS, codec_extension
 from ..format.limits import DEFAULT_LIMITS, MAX_GRAPH_EDGES, MAX_GRAPH_NODES, Limits
 from ..format.npy import MAGIC, header_of
@@ -301,34 +301,6 @@ def _enc_text(value: Any, ext: str) -> bytes:
     return value.encode("utf-8")
 
 
-def _enc_int(value: Any, ext: str) -> bytes:
-    if isinstance(value, (np.integer,)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an int class index, got {type(value).__name__}")
-    return str(value).encode("ascii")
-
-
-_INT_DIGITS = 19  # an int64, the dtype the default collate stacks class indexes into
-_INT_RE = re.compile(rb"[+-]?[0-9]+")
-
-
-def _dec_int(data: bytes, options: DecodeOptions) -> int:
-    """An ASCII decimal integer that fits an int64 (surrounding whitespace allowed); a longer
-    or other value is a DecodeError here, not a bare ValueError at collate time."""
-    text = bytes(data).strip()  # bytes, bytearray or a memoryview alike
-    if not _INT_RE.fullmatch(text):
-        shown = text[:20].decode("ascii", "replace")
-        raise DecodeError(f"not an ASCII decimal integer ({len(text)} bytes, starting {shown!r})")
-    digits = len(text.lstrip(b"+-"))
-    if digits > _INT_DIGITS:
-        raise DecodeError(f"{digits} digits, more than {_INT_DIGITS} (an int64 class index)")
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise DecodeError(f"{value} does not fit an int64 class index")
-    return value
-
-
 def _enc_json(value: Any, ext: str) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -424,7 +396,7 @@ def _dec_plain_pickle(data: bytes, options: DecodeOptions) -> Any:
 for _ext in ("txt", "text"):
     register_codec(_ext, _enc_text, lambda d, o: str(d, "utf-8"))  # str() takes any buffer
 for _ext in ("cls", "cls2", "idx", "index", "label"):
-    register_codec(_ext, _enc_int, _dec_int)
+    register_codec(_ext, encode_int, decode_int)
 register_codec("json", _enc_json, lambda d, o: json.loads(d if isinstance(d, (bytes, bytearray)) else bytes(d)))
 register_codec("npy", _enc_npy, _dec_npy)
 for _ext in IMAGE_EXTENSIONS:

@@ -10,7 +10,7 @@ that ``JpegImagePlugin`` gives it for a 1- or 3-component JPEG (``("L", "")`` or
 compares them with ``Image.open`` on baseline, progressive, 4:4:4/4:2:2/4:2:0, grey,
 restart-interval, Adobe-marker and odd-sized JPEGs).
 
-:func:`read_jpeg_header` accepts only what that call decodes the same way as ``Image.open``:
+:func:`read_jpeg_header` (:mod:`shardflow.codecs.jpegheader`) accepts only what that call decodes the same way as ``Image.open``:
 8-bit baseline, extended or progressive Huffman JPEGs (SOF0/1/2) of 1 or 3 components and
 nonzero size, every segment length inside the data, a scan after the frame. Anything else
 (CMYK/YCCK, 12-bit, arithmetic or lossless coding, a DNL height, junk between segments, a
@@ -21,13 +21,11 @@ errors it reports. The parse touches each segment header once, so it ends after 
 
 from __future__ import annotations
 
-import struct
-from typing import NamedTuple
-
 import numpy as np
 from PIL import Image
 
 from ..errors import DecodeError
+from .jpegheader import JpegHeader, read_jpeg_header
 
 __all__ = [
     "JPEG_SCALES",
@@ -42,73 +40,7 @@ __all__ = [
 JPEG_SCALES: tuple[int, ...] = (8, 4, 2, 1)
 """The reductions libjpeg decodes at directly (1/8, 1/4, 1/2, whole), as Pillow's ``Image.draft`` uses them."""
 
-_SOF_HUFFMAN = frozenset({0xC0, 0xC1, 0xC2})  # baseline, extended sequential, progressive
-_SKIPPED = frozenset({0xC4, 0xDB, 0xDD, 0xFE} | set(range(0xE0, 0xF0)))  # DHT DQT DRI COM APPn
-_SOS, _APP1 = 0xDA, 0xE1
-_U16 = struct.Struct(">H")
-_SIZE = struct.Struct(">HH")  # SOF: lines, then pixels per line
-
-
-class JpegHeader(NamedTuple):
-    """What :func:`read_jpeg_header` found: the frame and the metadata that matters.
-
-    Attributes:
-        width: pixels per line, > 0.
-        height: lines, > 0.
-        components: 1 (grey) or 3 (YCbCr, or RGB under an Adobe marker: libjpeg reads which).
-        has_app1: an APP1 segment (EXIF or XMP: where a JPEG keeps its orientation) precedes
-            the scan.
-    """
-
-    width: int
-    height: int
-    components: int
-    has_app1: bool
-
-
-def read_jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
-    """Parse a JPEG's segments up to its first scan, without decoding.
-
-    Args:
-        data: the whole encoded image.
-
-    Returns:
-        The header, or None where the fast decode does not apply (see the module docstring):
-        not a JPEG, an unusual or hostile layout, or a frame other than 8-bit SOF0/1/2 with 1
-        or 3 components.
-    """
-    end = len(data)
-    if end < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
-        return None
-    pos, frame, app1 = 2, None, False
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None  # junk between segments: Pillow's parser skips it, we do not guess
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            pos += 1
-            continue
-        (length,) = _U16.unpack_from(data, pos + 2)
-        if length < 2 or pos + 2 + length > end:
-            return None
-        if marker == _SOS:
-            if frame is None:
-                return None
-            return JpegHeader(frame[0], frame[1], frame[2], app1)
-        if marker in _SOF_HUFFMAN:
-            if frame is not None or length < 8:
-                return None
-            bits, components = data[pos + 4], data[pos + 9]
-            height, width = _SIZE.unpack_from(data, pos + 5)
-            if bits != 8 or components not in (1, 3) or not width or not height or length != 8 + 3 * components:
-                return None
-            frame = (width, height, components)
-        elif marker == _APP1:
-            app1 = True
-        elif marker not in _SKIPPED:
-            return None  # other frames (CMYK is 4 components of SOF0..2, caught above), DNL, EXP, JPGn...
-        pos += 2 + length
-    return None
+_SOS, _APP1 = 0xDA, 0xE1  # start of scan, APP1 (EXIF, XMP)
 
 
 def jpeg_scale(width: int, height: int, min_side: int | None) -> int:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import io
 
-from PIL import ExifTags, Image, ImageOps
-
 from ..errors import DecodeError
 
 __all__ = ["DEFAULT_QUALITY", "shrink_image"]
@@ -27,7 +25,7 @@ DEFAULT_QUALITY = 90
 """JPEG and WebP quality of a re-encoded image when none is given (1..100)."""
 
 _LOSSY = frozenset({"JPEG", "WEBP"})
-_ORIENTATION = ExifTags.Base.Orientation
+_ORIENTATION = 0x0112  # the EXIF orientation tag (PIL.ExifTags.Base.Orientation)
 
 
 def shrink_image(data: bytes, max_side: int, quality: int = DEFAULT_QUALITY) -> bytes | None:
@@ -49,6 +47,8 @@ def shrink_image(data: bytes, max_side: int, quality: int = DEFAULT_QUALITY) -> 
         raise ValueError(f"max_side must be a positive int, got {max_side!r}")
     if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
         raise ValueError(f"quality must be an int in 1..100, got {quality!r}")
+    from PIL import Image, ImageOps  # here: a conversion without --max-side never imports Pillow for it
+
     try:
         img = Image.open(io.BytesIO(data))
         if max(img.size) <= max_side:

@@ -16,10 +16,11 @@ from typing import Any
 
 import logging
 
+import numpy as np
 import torch
 
 from ..errors import ShardflowError, StateError
-from ..state import build_state
+from ..state import MAX_EPOCH, build_state
 from ..world import World
 from .epochrun import EpochRun
 from .resumable import check, config, resume_point
@@ -79,7 +80,14 @@ class Epochs:
         self.control[1:] = 0
 
     def choose(self, epoch: int) -> None:
-        """``set_epoch``: the next iteration reads ``epoch``, a plain epoch."""
+        """``set_epoch``: the next iteration reads ``epoch``, a plain epoch.
+
+        Raises:
+            StateError: ``epoch`` is not an int in ``[0, MAX_EPOCH)``.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < MAX_EPOCH:
+            raise StateError(f"set_epoch: epoch must be an int in [0, 2**62) (shardflow.state.MAX_EPOCH), got {epoch!r}")
+        epoch = int(epoch)
         self.resumed = None  # a resumed epoch's layout ends with it
         self.chosen = epoch
         self.apply(epoch)

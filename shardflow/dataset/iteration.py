@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import reader, storage
+from .. import accounting, reader, storage
+from ..accounting import Account
 from ..loading.batching import Batching, WorkerItem, close_iter, count_good, skip_items, stream_world, take
 from ..loading.collation import is_builtin, takes_graph_records
 from ..planning.plan import shuffle_buffer, split_unsized, worker_batches
@@ -21,6 +22,7 @@ from ..policy import ErrorPolicy
 from ..seeding import Seeder, restoring
 from ..state import ResumePoint
 from ..world import World, stable_seed
+from .warmstart import staged_io
 
 __all__ = ["units", "pipeline", "seeder_of", "runs_user_code", "sample_items", "batch_items", "unsized_batches"]
 
@@ -56,9 +58,7 @@ def pipeline(
     expanded = prepare.items if ds.expand is not None else None
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
-        job = storage.job_id(World.in_worker())  # pid and start time: a restarted job has its own area
-        io = storage.staging_for(io, ds.source.urls, (job, world.rank, world.world_size, epoch),
-                                 world.worker, world.num_workers)
+        io = staged_io(ds, world, epoch, world.worker, world.num_workers, in_worker=World.in_worker())
     if ds.sized:
         plan = ds.plan(epoch, world.rank, layout=resume.layout if resume is not None else (), batched=batching is not None)
         sizes, order = plan.batch_positions(ids)
@@ -66,8 +66,11 @@ def pipeline(
         needed[order] = True
         # read order is the yield order unless a shuffle buffer reorders: then no positions to keep
         # (nor a first batch to read first: see phases.first_phase)
-        if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
-            items: Iterator[Any] = reader.read_planned(
+        items: Iterator[Any]
+        if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
+            items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.source, io, policy, ds.shard_offsets), order)
+        elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+            items = reader.read_planned(
                 plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False
             )
         else:
@@ -87,10 +90,14 @@ def pipeline(
         if skip:
             items = skip_items(items, skip * (batching.batch_size if batching else 1))
     items = storage.staged_epoch(items, io)
+    timed = batching is not None and batching.account  # stage timers (shardflow.accounting)
+    items = accounting.timed(items, "read") if timed else items
     if expanded is None:
         items = reader.prepared(items, prepare)
+        items = accounting.timed(items, "decode") if timed else items
     if ds.transform is not None:
         items = reader.apply_transform(items, seeder.wrap(ds.transform), policy)
+        items = accounting.timed(items, "transform") if timed else items
     return items, sizes
 
 
@@ -122,6 +129,7 @@ def batch_items(
     """A loader worker's batch records for ``epoch``, then its final record (its stats)."""
     ids = units(ds, world, epoch, resume, batched=True)
     skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
+    account = Account(b.account)  # this worker's epoch: its stage times and counters since now
     items, sizes = pipeline(ds, b, stream_world(world, resume), epoch, resume, ids, skip, policy)
     counted = count_good(items, policy)
     # shardflow's own collate draws nothing: only a user's collate_fn is seeded per batch
@@ -134,17 +142,18 @@ def batch_items(
         batches = ((ids[i], batch) for i, batch in reader.batched(counted, sizes, b.collate, seed_batch))
     else:
         batches = unsized_batches(counted, b, skip, stream_world(world, resume), seeder)
+    batches = accounting.timed_batches(batches) if b.account else batches
     try:
         # in the training process (num_workers=0), its own generators stay where it left them
         # (untouched when no code of the user's runs while a batch is made: nothing is seeded)
         restore = ds.sample_seeding and (user_collate or runs_user_code(ds)) and not World.in_worker()
         for index, batch in (restoring(batches, ds.sample_seeding) if restore else batches):
-            yield WorkerItem(world.worker, index, batch, policy.snapshot())
+            yield WorkerItem(world.worker, index, batch, policy.snapshot(), acct=account.now())
         if world.num_workers == 1 or policy.stats["samples"]:
             policy.check_end()
     finally:
         close_iter(items)
-    yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True)
+    yield WorkerItem(world.worker, -1, None, policy.snapshot(), final=True, acct=account.now())
 
 
 def unsized_batches(items: Iterator[Any], b: Batching, skip: int, stream: World, seeder: Seeder) -> Iterator[tuple[int, Any]]:

@@ -34,7 +34,9 @@ def config(ds: Any, num_workers: int) -> dict[str, Any]:
     return {
         "shards": digest.hexdigest()[:16],
         "seed": ds.seed,
-        "shuffle": [shuffle.shards, shuffle.buffer, shuffle.interleave, shuffle.initial],
+        "shuffle": [shuffle.shards, shuffle.buffer, shuffle.interleave, shuffle.initial]
+        + ([shuffle.window] if shuffle.window > 1 else [])
+        + (["affinity"] if shuffle.affinity else []),  # (states saved before the window or affinity stay valid)
         "partial": split.partial,
         "samples_per_epoch": split.samples_per_epoch,
         "batch_size": split.batch_size,

@@ -20,20 +20,13 @@ from ..codecs import DecodeOptions, preload
 from ..planning.elastic import resumed_plan
 from ..expand import Expand
 from ..planning.mixing import mixture_of
-from ..planning.plan import (
-    RankPlan,
-    ShuffleConfig,
-    SplitConfig,
-    plan_epoch,
-    rank_share,
-    select_plan,
-    split_unsized,
-)
+from ..planning.plan import RankPlan, ShuffleConfig, SplitConfig, plan_epoch, rank_share, select_plan, split_unsized
 from ..seeding import generators
 from ..planning.selection import Select, resolve_selection
 from ..policy import ErrorPolicy
 from ..reader import check_fields
 from ..sources.source import ShardSet, Source, SourcePart, resolve_source
+from .classmix import effective_shuffle, warn_unmixed
 from ..transforms import map_fields
 from ..world import World
 from .epochrun import EpochRun
@@ -169,6 +162,7 @@ class ShardDataset(IterableDataset):
         self.source: ShardSet = resolve_source(source, io)
         self._selection = resolve_selection(self.source, select, io) if select is not None else None
         check_fields(self.source.manifest, self.fields)
+        self.shuffle = effective_shuffle(self.shuffle, self.source, io)  # (local, class-sorted shards: the window)
         m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
         self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
@@ -351,10 +345,12 @@ class ShardDataset(IterableDataset):
 
         Without it, each new iteration advances the epoch by one, so an epoch
         is never replayed silently (also in workers, persistent or not).
+
+        Raises:
+            StateError: ``epoch`` is not an int in ``[0, 2**62)`` (:data:`~shardflow.state.MAX_EPOCH`;
+                seeds are derived from the epoch in 64 bits).
         """
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._epochs.choose(int(epoch))
+        self._epochs.choose(epoch)
 
     @property
     def epoch(self) -> int:
@@ -406,6 +402,7 @@ class ShardDataset(IterableDataset):
         start (:mod:`.warmstart`)."""
         self._batching = batching
         self._forked_workers = num_workers if forked and batching is not None else 0
+        warn_unmixed(self)
         if batching is not None and batching.drop_last and num_workers > 1 and not self.sized:
             log.warning(
                 "without a manifest, drop_last drops each DataLoader worker's last incomplete batch (up to %d "

@@ -27,13 +27,23 @@ from typing import Any
 from .. import storage
 from ..reader.runs import read_through
 
-__all__ = ["OPEN_WAIT", "prefetch_first"]
+__all__ = ["OPEN_WAIT", "prefetch_first", "staged_io"]
 
 OPEN_WAIT = 0.05
 """Seconds at most that the main process waits for the store to answer its first requests
 before it forks the workers (on a link with a longer round trip, the requests are out by then)."""
 
 log = logging.getLogger(__name__)
+
+
+def staged_io(ds: Any, world: Any, epoch: int, worker: int, num_workers: int, *, in_worker: bool) -> Any:
+    """``ds.io`` for DataLoader worker ``worker`` of ``num_workers`` (0 of 1 in the main process),
+    sharing the rank's staging area (:func:`shardflow.storage.staging_for`). Its key is the one
+    place that names an area: the job (the process that owns the loader, by pid and start time,
+    so a restarted job has its own), the rank, the world size and the epoch; the main process
+    computes the same key its forked workers will."""
+    key = (storage.job_id(in_worker), world.rank, world.world_size, epoch)
+    return storage.staging_for(ds.io, ds.source.urls, key, worker, num_workers)
 
 
 def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
@@ -49,8 +59,7 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     if num_workers < 1 or not ds.sized or ds.expand is not None:
         return
     world = ds.world()
-    # the key a forked worker computes: its parent's (this) job, rank, world size, epoch
-    io = storage.staging_for(ds.io, ds.source.urls, (storage.job_id(False), world.rank, world.world_size, epoch), 0, num_workers)
+    io = staged_io(ds, world, epoch, 0, num_workers, in_worker=False)
     scope = storage.scope_of(io)
     if scope is None:
         return

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import transfer
+from .. import accounting
 from ..compat.torch import pin_memory
 from ..planning.costs import cost_budgets
 from ..policy import ErrorPolicy
@@ -38,6 +39,8 @@ class Batching:
             int, or a mapping of size columns to budgets (see
             :func:`shardflow.planning.plan.cost_budgets`).
         cost: the per-sample size column an int ``max_cost`` sums (``"num_nodes"``, ``"num_edges"``).
+        account: time the workers' stages and send their counters with each batch
+            (:mod:`shardflow.accounting`).
 
     Raises:
         TypeError, ValueError: a ``max_cost``/``cost`` that is not allowed (the message says what is).
@@ -48,6 +51,7 @@ class Batching:
     collate: Callable[[list[Any]], Any]
     max_cost: int | Mapping[str, int] | None = None
     cost: str = "num_nodes"
+    account: bool = True
     budgets: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +82,8 @@ class WorkerItem:
     data: Any
     stats: dict[str, int] = field(default_factory=dict)
     final: bool = False
+    acct: dict[str, int] | None = None
+    """The worker's counters and stage timers since its epoch began (:mod:`shardflow.accounting`)."""
 
     pools: frozenset[int] = frozenset()
     """In the main process: the worker buffer pools the batch came through (see
@@ -100,16 +106,21 @@ class WorkerItem:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickled by the DataLoader to cross from a worker (see shardflow.loading.transfer).
-        wire = (self.worker, self.index, transfer.to_wire(self.data), self.stats, self.final)
+        t = accounting.clock()
+        wire = transfer.to_wire(self.data)
+        accounting.add_ns("handover", accounting.clock() - t)  # sent with the next batch
         if self.sent is not None:
             self.sent.set()
-        return (_rebuild_item, wire)
+        return (_rebuild_item, (self.worker, self.index, wire, self.stats, self.final, self.acct))
 
 
-def _rebuild_item(worker: int, index: int, data: Any, stats: dict[str, int], final: bool) -> WorkerItem:
+def _rebuild_item(worker: int, index: int, data: Any, stats: dict[str, int], final: bool,
+                  acct: dict[str, int] | None = None) -> WorkerItem:
     freed: list[Any] = []
-    item = WorkerItem(worker, index, transfer.from_wire(data, freed), stats, final)
+    t = accounting.clock()
+    item = WorkerItem(worker, index, transfer.from_wire(data, freed), stats, final, acct)
     transfer.release(freed)  # the whole batch is out of the worker's buffers
+    accounting.add_ns("handover", accounting.clock() - t)  # in the main process
     item.pools = frozenset(token for token, _, _ in freed)
     return item
 

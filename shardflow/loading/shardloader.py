@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import weakref
+from functools import partial
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from .batching import Batching, WorkerItem
 from ..dataset import EpochRun, ShardDataset
 from ..errors import ShardflowError, StateError
 from . import transfer
+from .report import Insight, Report, predicted_cost
 
 __all__ = ["loader", "ShardLoader", "WORKER_ONLY", "options"]
 
@@ -65,6 +67,11 @@ class ShardLoader(DataLoader):
         cost: the per-sample size an int ``max_cost`` sums, a column of the
             manifest's sizes index: ``"num_nodes"`` or ``"num_edges"`` for graph
             shards.
+        accounting: account for where each epoch's time and bytes go (:meth:`report`);
+            off, the workers time no stages and send no counters.
+        trace: write a Chrome/Perfetto trace of the first epoch's first batches to this
+            path (:mod:`shardflow.loading.tracing`).
+        report_path: append each finished epoch's report to this file as one JSON line.
         **kwargs: torch ``DataLoader`` keywords. Without workers
             (``num_workers=0``), ``persistent_workers``, ``prefetch_factor`` and
             ``multiprocessing_context`` are ignored (torch would refuse them).
@@ -86,6 +93,9 @@ class ShardLoader(DataLoader):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         max_cost: int | Mapping[str, int] | None = None,
         cost: str = "num_nodes",
+        accounting: bool = True,
+        trace: str | None = None,
+        report_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
@@ -100,12 +110,13 @@ class ShardLoader(DataLoader):
         if num_workers == 0:
             for name in WORKER_ONLY:
                 kwargs.pop(name, None)
-        self.batching = Batching(batch_size, drop_last, collate_fn or default_collate, max_cost, cost)
+        self.batching = Batching(batch_size, drop_last, collate_fn or default_collate, max_cost, cost, accounting)
         self._run: EpochRun | None = None  # the epoch being iterated, or the last one
         self._pending: EpochRun | None = None  # loaded by load_state_dict, not iterated yet
         self._active = False
         self._restart = False  # load_state_dict: the next iter() starts new workers
         self._pools: set[int] = set()  # the workers' batch buffer pools mapped here (shardflow.loading.transfer)
+        self._insight = Insight(accounting, trace, report_path)
         super().__init__(dataset, batch_size=None, **kwargs)
         dataset.set_batching(self.batching, num_workers,
                              forked=num_workers > 0 and _start_method(self.multiprocessing_context) == "fork")
@@ -169,6 +180,9 @@ class ShardLoader(DataLoader):
         run = self._coming()
         self._pending = None
         self._run = run
+        world = self.dataset.world()  # the account starts before the epoch's prefetches (storage.staged)
+        predict = None if run.resumed else partial(predicted_cost, self.dataset, run.epoch, world.rank, self.num_workers)
+        acct = self._insight.begin(run.epoch, world.rank, world.world_size, self.num_workers, predict)
         with run.start():  # the workers start now (forked or pickled) and copy the epoch's start
             it = self._start_workers(fresh=run.resumed or self._restart)
             self._restart = False
@@ -184,7 +198,9 @@ class ShardLoader(DataLoader):
                         f"this iteration of epoch {run.epoch} was superseded by a later iter() of the loader: "
                         "with persistent_workers=True its workers serve one iteration at a time"
                     )
+                t0 = acct.before()
                 item = next(it, None)
+                acct.after(t0, item)
                 if item is None:
                     break
                 if not isinstance(item, WorkerItem):
@@ -202,19 +218,23 @@ class ShardLoader(DataLoader):
                         owed += 1
                         continue
                     again += batch_samples(last)
+                    acct.yielded()
                     yield last
                     continue
                 last = item.data
                 again += owed * batch_samples(item.data)
                 for _ in range(owed):
+                    acct.yielded()
                     yield item.data
                 owed = 0
+                acct.yielded()
                 yield item.data
             run.finish(owed, again)
         finally:
             if self._run is run:
                 self._active = False
             run.close()
+            self._insight.end(run.stats, run.finished)
             if self.num_workers > 0 and not self.persistent_workers:
                 # Shut the workers down now: an exception's traceback holds the iterator
                 # (its frames), which would keep them running until it is collected.
@@ -222,6 +242,19 @@ class ShardLoader(DataLoader):
                 del it
                 transfer.forget(self._pools)  # unmap the stopped workers' batch buffers
                 self._pools.clear()
+
+    def report(self, gather: bool = False) -> Report:
+        """Where the current (or last) epoch's time and bytes went, and whether the training
+        loop waits for data: see :class:`~shardflow.loading.report.Report` and docs/insight.md.
+
+        Args:
+            gather: with ``torch.distributed`` initialised, gather every rank's wait (a
+                collective: call it on every rank) and name the slowest rank.
+
+        Raises:
+            ShardflowError: the loader was not iterated yet.
+        """
+        return self._insight.report(self._run.stats if self._run is not None else {}, gather)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch: which batches the training loop has received.

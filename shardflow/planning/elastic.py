@@ -78,25 +78,39 @@ def redistribute(
         takes samples from (a copy more for each pass into the padding), so
         shards are read and seeked exactly as for a planned epoch.
     """
+    return _redistribute(old, step, [rank], world_size, split, costs_of)[0]
+
+
+def _redistribute(old: Sequence[RankPlan], step: int, ranks: Sequence[int], world_size: int, split: SplitConfig,
+                  costs_of: Callable[[RankPlan, np.ndarray], np.ndarray] | None) -> list[RankPlan]:  # fmt: skip
+    """:func:`redistribute` for several new ranks, what they share computed once: the saved
+    ranks' remaining samples, and (with ``max_cost``) every new rank's cost batches. Time
+    O(remaining samples + ranks asked) without ``max_cost``, never O(ranks x samples)."""
     left = [_left(p, step) for p in old]
-    sizes = [len(x) for x in left]
-    total = int(sum(sizes))
+    sizes = np.asarray([len(x) for x in left], dtype=np.int64)
+    total = int(sizes.sum())
     m, padding, dropped = remaining_share(total, world_size, split.partial)
     if split.max_cost is None and split.drop_last:
         dropped += (m - m // split.batch_size * split.batch_size) * world_size
-    shares = [_rank_items(left, sizes, total, m, r) for r in range(world_size)]
-    plan = _build(old, shares[rank], m, padding, dropped, split)
+    flat = np.concatenate(left) if left else np.zeros(0, np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    items = {r: _rank_items(flat, bounds, total, m, r) for r in ranks}
+    plans = {r: _build(old, items[r], m, padding, dropped, split) for r in ranks}
     if split.max_cost is None or costs_of is None:
-        return plan
+        return [plans[r] for r in ranks]
     per_rank = []
-    for r in range(world_size):
-        p = plan if r == rank else _build(old, shares[r], m, padding, dropped, split)
-        costs = _plan_costs(old, shares[r], costs_of)
-        per_rank.append(cost_batches(costs, split.max_cost, split.batch_size) if len(p.emit) else [])
+    for r in range(world_size):  # every rank's batch count: the ranks step in lock-step
+        its = items[r] if r in items else _rank_items(flat, bounds, total, m, r)
+        costs = _plan_costs(old, its, costs_of)
+        per_rank.append(cost_batches(costs, split.max_cost, split.batch_size) if m else [])
     target = max((len(e) for e in per_rank), default=0)
-    ends = np.asarray(split_to(per_rank[rank], target), dtype=np.int64) if target else np.zeros(0, np.int64)
-    return RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
-                    plan.read_segment, plan.read_sample, plan.emit, ends, None)
+    out = []
+    for r in ranks:
+        plan = plans[r]
+        ends = np.asarray(split_to(per_rank[r], target), dtype=np.int64) if target else np.zeros(0, np.int64)
+        out.append(RankPlan(plan.samples, plan.padding, plan.dropped, target, plan.batch_size, plan.segments,
+                            plan.read_segment, plan.read_sample, plan.emit, ends, None, scattered=plan.scattered))
+    return out
 
 
 def resumed_plan(
@@ -134,37 +148,45 @@ def resumed_plan(
         last = i + 1 == len(layout)
         nxt = world_size if last else layout[i + 1][0]
         wanted = [rank] if last else list(range(nxt))
-        plans = [redistribute(plans, steps, r, nxt, split, costs_of if costs is not None else None) for r in wanted]
+        plans = _redistribute(plans, steps, wanted, nxt, split, costs_of if costs is not None else None)
     return plans[0]
 
 
-def _rank_items(left: list[np.ndarray], sizes: list[int], total: int, m: int, rank: int) -> list[tuple[int, int, int]]:
-    """The new rank's samples as ``(saved rank, copy, read position)`` in yield order;
-    ``copy`` counts the passes over the remaining samples (1 and up: padding)."""
+Items = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A new rank's samples in yield order: int64 arrays ``(saved rank, copy, read position)``;
+``copy`` counts the passes over the remaining samples (0, then 1 and up: padding)."""
+
+
+def _rank_items(flat: np.ndarray, bounds: np.ndarray, total: int, m: int, rank: int) -> Items:
+    """The new rank's stretch ``[rank * m, (rank + 1) * m)`` of the remaining samples
+    (``flat``: every saved rank's, concatenated; ``bounds``: where each saved rank's start)."""
     if total == 0 or m == 0:
-        return []
-    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    flat = np.arange(rank * m, (rank + 1) * m, dtype=np.int64)
-    copy, idx = np.divmod(flat, total)
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    copy, idx = np.divmod(np.arange(rank * m, (rank + 1) * m, dtype=np.int64), total)
     owner = np.searchsorted(bounds, idx, side="right") - 1
-    return [(int(o), int(c), int(left[o][i - bounds[o]])) for o, c, i in zip(owner.tolist(), copy.tolist(), idx.tolist())]
+    return owner, copy, flat[idx].astype(np.int64)
 
 
-def _build(old: Sequence[RankPlan], items: list[tuple[int, int, int]], m: int, padding: int, dropped: int, split: SplitConfig) -> RankPlan:
+def _build(old: Sequence[RankPlan], items: Items, m: int, padding: int, dropped: int, split: SplitConfig) -> RankPlan:
     """A plan that reads the saved ranks' read arrays (one copy per (rank, pass)) and yields ``items``."""
+    owner, copy, pos = items
     segments: list[Segment] = []
     read_segment: list[np.ndarray] = []
     read_sample: list[np.ndarray] = []
-    base: dict[tuple[int, int], int] = {}
+    # the (pass, saved rank) pairs drawn from, in that order, each read arrays' copy based at its offset
+    keys, which = np.unique(np.stack([copy, owner]), axis=1, return_inverse=True) if len(pos) else (
+        np.zeros((2, 0), np.int64), np.zeros(0, np.int64))
+    base = np.zeros(keys.shape[1], dtype=np.int64)
     offset = 0
-    for key in sorted({(o, c) for o, c, _ in items}, key=lambda oc: (oc[1], oc[0])):
-        p = old[key[0]]
-        base[key] = offset
+    for j, (_, o) in enumerate(keys.T.tolist()):
+        p = old[o]
+        base[j] = offset
         read_segment.append(p.read_segment.astype(np.int64) + len(segments))
         read_sample.append(p.read_sample)
         segments.extend(p.segments)
         offset += len(p.read_sample)
-    emit = np.asarray([base[(o, c)] + pos for o, c, pos in items], dtype=np.int64)
+    emit = base[np.asarray(which, dtype=np.int64).reshape(-1)] + pos
     bs = split.batch_size
     nb = m // bs if split.drop_last else -(-m // bs)
     return RankPlan(
@@ -176,22 +198,21 @@ def _build(old: Sequence[RankPlan], items: list[tuple[int, int, int]], m: int, p
         segments=tuple(segments),
         read_segment=np.concatenate(read_segment).astype(np.int32) if read_segment else np.zeros(0, np.int32),
         read_sample=np.concatenate(read_sample) if read_sample else np.zeros(0, np.int64),
-        emit=emit,
+        emit=emit.astype(np.int64),
+        scattered=any(p.scattered for p in old),
     )
 
 
-def _plan_costs(old: Sequence[RankPlan], items: list[tuple[int, int, int]], costs_of: Callable[[RankPlan, np.ndarray], np.ndarray]) -> np.ndarray:
+def _plan_costs(old: Sequence[RankPlan], items: Items, costs_of: Callable[[RankPlan, np.ndarray], np.ndarray]) -> np.ndarray:
     """Costs of the items, in order: shape (items,) or (items, columns) as ``costs_of`` gives them."""
-    parts: dict[int, tuple[list[int], np.ndarray]] = {}
-    by_rank: dict[int, list[int]] = {}
-    for j, (o, _, _) in enumerate(items):
-        by_rank.setdefault(o, []).append(j)
-    for o, js in by_rank.items():
-        parts[o] = (js, costs_of(old[o], np.asarray([items[j][2] for j in js], dtype=np.int64)))
-    if not parts:
+    owner, _, pos = items
+    if not len(pos):
         return np.zeros(0, dtype=np.int64)
-    sample = next(iter(parts.values()))[1]
-    out = np.zeros((len(items), *sample.shape[1:]), dtype=np.int64)
-    for js, c in parts.values():
+    out: np.ndarray | None = None
+    for o in np.unique(owner).tolist():
+        js = np.flatnonzero(owner == o)
+        c = costs_of(old[o], pos[js])
+        if out is None:
+            out = np.zeros((len(pos), *c.shape[1:]), dtype=np.int64)
         out[js] = c
-    return out
+    return out  # type: ignore[return-value]

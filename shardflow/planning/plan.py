@@ -42,6 +42,8 @@ import numpy as np
 from .costs import cost_batches, cost_budgets, split_to
 from ..errors import ShardflowError
 from .mixing import Mixture, mixture_order
+from .affinity import keep_parts
+from .window import DEFAULT_WINDOW, window_epoch, window_rank, window_reorder
 from .order import Segment, buffer_shuffle_order, interleave, positions_to_segments, shard_order, shuffle_buffer
 from ..world import World, stable_seed
 
@@ -78,28 +80,37 @@ class ShuffleConfig:
             (at most ``buffer``) and then grows by one per emitted sample up to
             ``buffer`` (as webdataset's ``shuffle(initial=...)``), so the first
             batch does not wait for the whole buffer to fill.
+        affinity: each rank keeps epoch 0's shard parts in every epoch, reshuffled per epoch, so
+            that with a ``cache_dir`` large enough for its share, later epochs fetch nothing
+            (docs/remote.md: what it gives up in mixing). Not with ``samples_per_epoch``; it
+            turns the window off.
+        window: window shuffle, in samples (:mod:`shardflow.planning.window`): each
+            sample of the epoch moves by up to this many stream positions, so
+            class-sorted shards give mixed batches; the samples are then read
+            one by one through the offset index. 0 or 1: off (segments are read
+            ``interleave`` at a time, as stored). Used for local shards only.
     """
 
     shards: bool = True
     buffer: int = 1000
     interleave: int = 4
     initial: int = 100
+    affinity: bool = False
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
-        if self.buffer < 0 or self.interleave < 1 or self.initial < 1:
-            raise ValueError(
-                "shuffle buffer must be >= 0, interleave >= 1 and initial >= 1, got "
-                f"{self.buffer}, {self.interleave}, {self.initial}"
-            )
+        if self.buffer < 0 or self.interleave < 1 or self.initial < 1 or self.window < 0:
+            raise ValueError("shuffle buffer must be >= 0, interleave >= 1, initial >= 1 and window >= 0, got "
+                             f"{self.buffer}, {self.interleave}, {self.initial}, {self.window}")
 
     @classmethod
     def off(cls) -> ShuffleConfig:
         """Stored order: shards as listed, samples in file order."""
-        return cls(shards=False, buffer=0, interleave=1)
+        return cls(shards=False, buffer=0, interleave=1, window=0)
 
     @property
     def enabled(self) -> bool:
-        return self.shards or self.buffer > 1 or self.interleave > 1
+        return self.shards or self.buffer > 1 or self.interleave > 1 or self.window > 1
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,9 @@ class RankPlan:
         contiguous: False when :attr:`read_sample` skips samples of a shard that
             no read position holds (a selection, :func:`select_plan`): a reader
             seeks, through the offset index, at every such gap.
+        scattered: True when the read order visits a shard's samples in any
+            order (a window shuffle, :mod:`shardflow.planning.window`): a reader reads
+            each one on its own, through the offset index.
     """
 
     samples: int
@@ -178,6 +192,7 @@ class RankPlan:
     batch_ends: np.ndarray | None = None
     quotas: tuple[int, ...] | None = None
     contiguous: bool = True
+    scattered: bool = False
 
     def batch_positions(self, batches: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """Sizes of the given batches and their :attr:`emit` entries, concatenated in order."""
@@ -271,13 +286,27 @@ def _rank_order(
         segments, read_segment, read_sample, quotas = mixture_order(
             counts, mixture, rank, world_size, n, seed, epoch, shuffle.shards, shuffle.interleave
         )
+        if shuffle.window > 1:  # each rank's quotas are its own: its read order is shuffled on its own
+            read_segment, read_sample = window_reorder(
+                read_segment, read_sample, shuffle.window, stable_seed("window", seed, epoch, rank)
+            )
+    elif shuffle.window > 1:  # the epoch's positions window-shuffled, then strided over the ranks
+        used = n if split.max_cost is not None else min(n, nb * split.batch_size)
+        endless = split.samples_per_epoch is not None
+        first = epoch * world_size * n if endless else 0
+        segments, seg, smp = window_epoch(counts, first, world_size * n, seed, epoch, shuffle.shards, endless, shuffle.window)
+        read_segment, read_sample = window_rank(seg, smp, rank, world_size, used)
     else:
         used = n if split.max_cost is not None else min(n, nb * split.batch_size)
         base = rank * n
         endless = split.samples_per_epoch is not None
         if endless:
             base += epoch * world_size * n
-        segments = positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
+        if shuffle.affinity and not endless:  # epoch 0's parts, reordered per epoch (shardflow.planning.affinity)
+            segments = keep_parts(positions_to_segments(counts, base, base + used, seed, 0, shuffle.shards, False),
+                                  seed, epoch, rank)
+        else:
+            segments = positions_to_segments(counts, base, base + used, seed, epoch, shuffle.shards, endless)
         read_segment, read_sample = interleave(segments, shuffle.interleave)
     emit = buffer_shuffle_order(len(read_sample), shuffle.buffer, stable_seed("buffer", seed, epoch, rank), shuffle.initial)
     return segments, read_segment, read_sample, emit, share, quotas
@@ -353,6 +382,7 @@ def plan_epoch(
         emit=emit,
         batch_ends=batch_ends,
         quotas=quotas,
+        scattered=shuffle.window > 1,
     )
 
 

@@ -21,12 +21,14 @@ for a sample's whole trip.
 from .phases import PHASE_RATIO, first_phase, read_planned_in_phases
 from .planned import read_planned
 from .runs import REMOTE_SEEK_BYTES, SEEK_GAP
+from .scattered import read_scattered
 from .samples import Prepare, apply_transform, batched, check_fields, expand_each, prepared, tag_source, transform_error
 from .shards import emit_in_order, read_shards
 
 __all__ = [
     "read_planned",
     "read_planned_in_phases",
+    "read_scattered",
     "first_phase",
     "PHASE_RATIO",
     "read_shards",

@@ -50,14 +50,16 @@ def plan_runs(
     Within a segment, needed samples further apart than :data:`SEEK_GAP` (on a
     remote store: about :data:`REMOTE_SEEK_BYTES`) form separate runs when the
     shard has an offset index (so the reader can seek); without one a segment is
-    a single run (reading restarts at the shard's start). ``gaps`` caches
+    a single run (reading restarts at the shard's start). A scattered plan
+    (:attr:`~shardflow.plan.RankPlan.scattered`) makes every needed sample a run. ``gaps`` caches
     :func:`read_through` per shard (filled here, for the caller to reuse).
     """
     gaps = {} if gaps is None else gaps
     seg = plan.read_segment[positions].astype(np.int64)
     smp = plan.read_sample[positions]
-    order = np.lexsort((smp, seg))
-    seg, smp = seg[order], smp[order]
+    if len(seg) > 1 and not bool(((seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & (smp[1:] >= smp[:-1]))).all()):
+        order = np.lexsort((smp, seg))  # (read in order, the common case, needs none: 0.25 ms for 20,000)
+        seg, smp = seg[order], smp[order]
     for s in plan.segments:
         if s.shard not in gaps:
             gaps[s.shard] = read_through(source, s.shard)
@@ -68,6 +70,8 @@ def plan_runs(
     if not plan.contiguous:  # a selection: the samples between two read positions are not in the plan
         through = np.where(through >= 0, 1, through)
     new = np.ones(len(seg), dtype=bool)
+    if plan.scattered:  # a window shuffle reads a shard's samples in any order: each one on its own
+        return seg, smp, smp
     if len(seg) > 1:
         lim = through[seg[1:]]
         gap = (smp[1:] // expand) - (smp[:-1] // expand) > lim

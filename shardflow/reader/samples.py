@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import accounting
 from ..codecs import DecodeOptions, decode_field, field_alternatives
 from ..codecs.hints import missing_field_hint
 from ..errors import DecodeError, MissingFieldError, SampleError
@@ -100,6 +101,11 @@ class Prepare:
         tag_source(s, self._sources)
         return self.decoded(s) if self._decode is not None else s
 
+    def tags_only(self) -> bool:
+        """Whether :meth:`one` only sets ``__source__`` to 0: all fields kept, none decoded, one
+        source (so :func:`prepared` may tag the samples without calling it)."""
+        return self._wanted is None and self._decode is None and not self._sources
+
     def items(self, sample: Sample) -> list[Any] | None:
         """:meth:`one`, then the ``expand.count`` items of the sample (None: dropped)."""
         s = self.one(sample)
@@ -160,9 +166,23 @@ class Prepare:
 
 def prepared(samples: Iterator[Sample | None], prepare: Prepare) -> Iterator[Sample | None]:
     """:meth:`Prepare.one` of every sample (None stays None)."""
-    one = prepare.one
+    if prepare.tags_only():  # raw samples of one source: two calls a sample fewer on the hot path
+        return _tagged(samples)
+    return _prepared(samples, prepare.one)
+
+
+def _prepared(samples: Iterator[Sample | None], one: Callable[[Sample], Sample | None]) -> Iterator[Sample | None]:
     for s in samples:
         yield None if s is None else one(s)
+
+
+def _tagged(samples: Iterator[Sample | None]) -> Iterator[Sample | None]:
+    """:meth:`Prepare.one` where it only tags (see :meth:`Prepare.tags_only`): ``__source__`` 0,
+    as :func:`tag_source` sets it for one source."""
+    for s in samples:
+        if s is not None:
+            s["__source__"] = 0
+        yield s
 
 
 def expand_each(samples: Iterator[Sample | None], prepare: Prepare, k: int) -> Iterator[Any]:
@@ -229,4 +249,7 @@ def batched(
                 group.append(item)
         if group and before is not None:
             before(index)
-        yield index, (collate(group) if group else None)
+        t = accounting.clock()
+        batch = collate(group) if group else None
+        accounting.add_ns("collate", accounting.clock() - t)
+        yield index, batch

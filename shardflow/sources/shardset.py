@@ -15,7 +15,7 @@ from .. import storage
 from ..errors import ManifestError, redact, redacted_repr
 from ..format.frames import FrameTable, decode_frames
 from ..format.manifest import Manifest, decode_offsets, decode_sizes
-from ..storage.urls import escapes_folder
+from ..storage.urls import escapes_folder, local_path
 from ..urls import join_url, parent_url
 
 __all__ = ["Source", "SourcePart", "ShardSet", "listed_url", "read_all"]
@@ -265,11 +265,12 @@ def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOO
 
     Raises:
         ManifestError: (reason ``"manifest_url"``) ``rel`` is absolute, another
-            protocol, an fsspec ``::`` chain, or leaves the folder. The message
-            quotes the listed name, nothing read from it.
+            protocol, an fsspec ``::`` chain, or leaves the folder, as written or (a
+            local folder) through a symbolic link. The message quotes the listed
+            name, nothing read from it.
     """
     if not options.trust_manifest_urls:
-        why = escapes_folder(rel)
+        why = escapes_folder(rel) or _linked_out(folder, rel)
         if why is not None:
             raise ManifestError(
                 f"{murl}: the {what} URL {rel!r} {why}: a manifest's URLs must be relative paths under its "
@@ -278,3 +279,19 @@ def listed_url(folder: str, rel: str, murl: str, what: str, options: storage.IOO
                 reason="manifest_url",
             )
     return join_url(folder, rel)
+
+
+def _linked_out(folder: str, rel: str) -> str | None:
+    """Why the local ``folder/rel`` resolves outside ``folder`` through a symbolic link (the
+    file or a folder on its way), or None. One ``lstat`` for a name without a folder part
+    that is no link; a missing file is left to the read that opens it."""
+    if not storage.is_local(folder):
+        return None
+    base = local_path(folder) or "."
+    path = os.path.join(base, rel)
+    if "/" not in rel and not os.path.islink(path):
+        return None
+    root = os.path.realpath(base)
+    if os.path.commonpath([root, os.path.realpath(path)]) == root:
+        return None  # no link, or one that stays inside the folder
+    return "is a symbolic link (or lies under one) to a file outside the manifest's folder"

@@ -24,9 +24,10 @@ from typing import Any
 from .. import storage
 from ..errors import ManifestError, SourceError, redact
 from ..format.journal import manifest_from_journal
-from ..format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, check_counts
+from ..format.manifest import JOURNAL_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo
 from .shardset import ShardSet, Source, SourcePart, listed_url, read_all
 from ..storage.writing.folder import verify_shard
+from .listed import check_listed, refuse_unfinished
 from ..storage.urls import local_path
 from ..urls import SHARD_SUFFIXES, expand_urls, has_glob, join_url, parent_url
 
@@ -40,14 +41,14 @@ def load_manifest(url: str, options: storage.IOOptions) -> Manifest:
 
     Raises:
         ManifestError: unreadable or invalid, or a shard declares more samples
-            than its size can hold (see :func:`~shardflow.format.manifest.check_counts`).
+            than its size can hold (see :func:`~shardflow.sources.listed.check_listed`).
     """
     try:
         data = read_all(url, options)
     except FileNotFoundError as e:
         raise ManifestError(f"{url}: manifest not found") from e
     manifest = Manifest.loads(data, url=url)
-    check_counts(manifest, options.limits)
+    check_listed(manifest, options)
     return manifest
 
 
@@ -61,6 +62,7 @@ def _from_manifest(
     manifest: Manifest, murl: str, options: storage.IOOptions, urls: Sequence[str] | None = None
 ) -> ShardSet:
     folder = parent_url(murl)
+    refuse_unfinished(folder, manifest, options)
     chosen: list[ShardInfo]
     if urls is None:
         chosen = list(manifest.shards)
@@ -114,7 +116,7 @@ def _folder_manifest(folder: str, options: storage.IOOptions) -> Manifest | None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     manifest = Manifest.loads(data, url=murl)
-    check_counts(manifest, options.limits)
+    check_listed(manifest, options)
     return manifest
 
 
@@ -137,10 +139,11 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
             folder = os.path.abspath(local_path(source)) if storage.is_local(source) else None
             verify = (lambda s: verify_shard(folder, s)) if folder else None
             manifest = manifest_from_journal(read_all(journal, options), murl, verify)
-            check_counts(manifest, options.limits)
+            check_listed(manifest, options)
             log.warning("%s: no manifest; replaying the journal of an interrupted writer (%d complete shards)",
                         redact(source), len(manifest.shards))
             return _from_manifest(manifest, murl, options)
+        refuse_unfinished(source, None, options)  # a writer's shards, before its manifest
         found = [u for u in storage.list_glob(join_url(source, "*"), options) if u.endswith(SHARD_SUFFIXES)]
         if not found:
             raise FileNotFoundError(f"{source}: no shardflow.json and no .tar shards in this folder")
@@ -152,6 +155,8 @@ def _resolve_one(source: str, options: storage.IOOptions, cache: dict[str, Manif
         urls = expand_urls(source, options.storage_options)
     if not urls:
         raise FileNotFoundError("the source lists no shards")
+    for folder in sorted({parent_url(u) for u in urls if storage.is_local(u)}):
+        refuse_unfinished(folder, None, options)  # shards a writer holds: a manifest or not
     return _sibling_manifest(urls, options, cache) or ShardSet(urls, None, [None] * len(urls))
 
 
@@ -307,6 +312,9 @@ def resolve_source(source: Any, options: storage.IOOptions) -> ShardSet:
         FileNotFoundError: no shards found (empty folder, a glob with no match).
         ManifestError: an invalid manifest.
         SourceError: the same shard is reached twice.
+        IncompleteDatasetError: a writer holds a local folder now, or its manifest says
+            its conversion is not complete (:mod:`shardflow.sources.listed`; named, with
+            ``IOOptions(allow_incomplete=True)``, the way to read it anyway).
         TypeError: ``source`` is of another type.
         ValueError: a list entry with glob characters.
     """

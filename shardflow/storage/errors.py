@@ -6,7 +6,7 @@ from shardflow.errors import RemoteReadError, ShardflowError
 
 __all__ = [
     "DestinationLockedError", "NotRegularFileError", "RemoteWriteError", "ShardChangedError", "ShardNotFoundError",
-    "ShortReadError", "SymlinkError", "UnsafeFolderError",
+    "ShortReadError", "SymlinkError", "UnsafeFolderError", "check_digest",
 ]
 
 
@@ -52,3 +52,27 @@ class UnsafeFolderError(ShardflowError, PermissionError):
     never followed."""
 
     default_reason = "unsafe_folder"
+
+
+def check_digest(url: str, hasher: object | None, sha256: str | None, why: str) -> None:
+    """The one guard of a shard read whole against its manifest's sha256 (nothing to check
+    without a hasher: the shard was not read whole, or the manifest lists no digest).
+
+    Args:
+        url: the shard, as shown.
+        hasher: a ``hashlib.sha256()`` fed every byte read, or None.
+        sha256: the manifest's hex digest.
+        why: what follows from a mismatch where this guard stands (cached or not, no ETag).
+
+    Raises:
+        ShardChangedError: the digests differ: the object changed since it was indexed or
+            while it was read.
+    """
+    if hasher is None:
+        return
+    got = hasher.hexdigest()  # type: ignore[attr-defined]
+    if got != sha256:
+        raise ShardChangedError(
+            f"{url}: read whole, its sha256 is {got} but the manifest lists {sha256}: the object changed "
+            f"since it was indexed or while being read{why}"
+        )

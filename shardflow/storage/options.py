@@ -31,7 +31,8 @@ class IOOptions:
             whenever a read makes progress. 0 disables retries.
         backoff: seconds before the first retry; doubled at each further retry of
             the same failure, capped at :data:`MAX_BACKOFF`.
-        block_size: bytes per read, and so the size of the chunks yielded.
+        block_size: bytes per read, and so the size of the chunks yielded (local files:
+            at most :data:`shardflow.storage.reading.LOCAL_READ`, 2 MiB).
         readahead: chunks buffered ahead by a background thread (0 = none).
         cache_dir: local directory caching whole remote shards, or ``None``.
         cache_limit: bytes; the cache evicts least recently used shards to stay
@@ -74,6 +75,11 @@ class IOOptions:
             cookies or custom headers. Off by default: such a redirect is a
             ``RedirectError``. Redirects on the same host are followed, at most
             :data:`~shardflow.storage.backends.redirects.MAX_REDIRECTS` per request.
+        allow_incomplete: read a dataset folder whose writer is still writing it
+            (it holds the folder's lock) or whose conversion did not finish (its
+            manifest says ``"complete": false``): the part finished so far. Off by
+            default: such a folder is refused with ``IncompleteDatasetError``, which
+            names the writer (see :mod:`shardflow.sources.listed`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -91,6 +97,7 @@ class IOOptions:
     staging_dir: str | None = None
     staging_limit: int = 2 << 30
     cross_host_redirects: bool = False
+    allow_incomplete: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Mapping):
@@ -113,7 +120,7 @@ class IOOptions:
             if not isinstance(staging_dir, str) or not staging_dir:
                 raise ValueError(f"staging_dir must be a non-empty local path, got {self.staging_dir!r}")
             object.__setattr__(self, "staging_dir", staging_dir)
-        for name in ("trust_manifest_urls", "cross_host_redirects"):
+        for name in ("trust_manifest_urls", "cross_host_redirects", "allow_incomplete"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.limits, Limits):

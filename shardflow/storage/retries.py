@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from shardflow.accounting import count
 from shardflow.errors import RemoteReadError, ShardflowError, redact, redact_cause
 
 from .errors import ShardNotFoundError
@@ -84,6 +85,9 @@ def is_io_error(exc: BaseException) -> bool:
 
 
 def retry_delay(options: IOOptions, failures: int) -> float:
+    """Seconds to wait before retry number ``failures`` (each call counts one retry,
+    :mod:`shardflow.accounting`)."""
+    count("retries")
     return min(options.backoff * 2 ** (failures - 1), max(MAX_BACKOFF, options.backoff))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
+from ..accounting import count, timed_chunks
 from .sharing.cache import cached_chunks
 from .options import DEFAULT_OPTIONS, IOOptions
 from .read_ahead import readahead
@@ -51,11 +52,12 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     if is_local(url):
         # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
         # (measured: ~20% of raw iteration time spent waiting on its queue).
-        return retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
+        return timed_chunks(retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256), True)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size, digest or sha256)
     elif scope_of(options) is not None:  # the rank's workers share the fetches, in threads of their own
-        return staged_chunks(url, start, end, options, check_size, sha256)
+        count("staged_reads")
+        return timed_chunks(staged_chunks(url, start, end, options, check_size, sha256), True)
     else:
         source = retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256)
-    return readahead(source, options.readahead)
+    return timed_chunks(readahead(source, options.readahead), options.cache_dir is not None)

@@ -148,9 +148,10 @@ class ShardFile:
             self.sizes.append((0,) * len(self.sizes[0]))
         self.keys.add(key)
         start = self.size
-        if max(map(len, fields.values()), default=0) < WRITE_CHUNK:
+        whole = sum(map(len, parts))
+        if whole < WRITE_CHUNK or max(map(len, fields.values()), default=0) < WRITE_CHUNK:
             self._parts += parts
-            self._buffered += sum(map(len, parts))
+            self._buffered += whole
         else:
             for part in parts:
                 if len(part) < WRITE_CHUNK:

@@ -16,7 +16,7 @@ writes one).
 A folder may hold several writers' shards (``train-%06d.tar`` and ``val-%06d.tar``):
 a writer keeps every shard the folder's manifest lists except the earlier ones of its
 own series (its pattern, numbers from ``start_shard`` on), which it replaces; the
-manifest lists the kept shards, then its own (see ``docs/writing.md``).
+manifest lists the kept shards, then its own (see ``docs/getting-data-in.md``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 from .. import storage
 from ..codecs import encode_field
-from ..errors import SampleError
+from ..errors import DestinationExistsError, SampleError
 from ..format.keys import check_field, check_key
 from ..format.manifest import (
     JOURNAL_SUFFIX,
@@ -155,6 +155,9 @@ class ShardWriter:
         SampleError: from :meth:`write`, for an invalid sample.
         ManifestError: from the first :meth:`write`, when the folder's manifest
             or journal cannot be read (and ``overwrite`` is False).
+        DestinationExistsError: from the first :meth:`write`, when this writer's
+            series would replace shards of a conversion (the folder's manifest has
+            ``meta.conversion``; and ``overwrite`` is False): nothing is changed.
     """
 
     def __init__(
@@ -303,7 +306,12 @@ class ShardWriter:
                 if fs.exists(stale):
                     fs.rm_file(stale)
         else:
-            self._keep(folder_manifest(self.manifest_url, self.io))
+            try:
+                self._keep(folder_manifest(self.manifest_url, self.io))
+            except BaseException:
+                self._closed = True  # refused before anything changed: nothing more is written,
+                self._release()  # and the folder is free again
+                raise
         if storage.is_local(folder):
             # the temporaries of a writer that crashed here are nobody's (storage.locks)
             remove_stale_temporaries(local_path(folder) or ".")
@@ -328,12 +336,17 @@ class ShardWriter:
         ones of this writer's series (from ``start_shard`` on), which this run replaces."""
         if old is None:
             return
+        mine = [info for info in old.shards if (n := series_number(info.url, self.pattern)) is not None
+                and n >= self.start_shard]  # shards are listed by their basename
+        if mine and isinstance(old.meta, dict) and "conversion" in old.meta:
+            raise DestinationExistsError(
+                f"{self.manifest_url}: the folder holds a conversion's shards of this series ({shard_names(mine)}: "
+                f"{sum(s.samples for s in mine)} samples); a ShardWriter never replaces shards it did not write: "
+                "write another series beside them (another pattern, or start_shard after them), write elsewhere, "
+                "or pass overwrite=True to start a new manifest (its shards' names are then written over)"
+            )
         for info in old.shards:
-            number = series_number(info.url, self.pattern)  # shards are listed by their basename
-            if number is not None and number >= self.start_shard:
-                self._replaced.append(info)
-            else:
-                self.manifest.shards.append(info)
+            (self._replaced if any(info is m for m in mine) else self.manifest.shards).append(info)
         self.manifest.fields.update(old.fields)
         changed = sorted(k for k in self.manifest.meta if k in old.meta and old.meta[k] != self.manifest.meta[k])
         if changed:

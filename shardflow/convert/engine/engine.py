@@ -277,6 +277,7 @@ def run_conversion(
     progress: Callable[[int], None] | None = None,
     identity: Mapping[str, Any] | None = None,
     client: Any = None,
+    skipped_meta: Callable[[list[str]], Mapping[str, Any]] | None = None,
 ) -> Manifest:
     """Convert an input stream into shards plus ``shardflow.json`` in ``dest``.
 
@@ -297,6 +298,9 @@ def run_conversion(
             ``options.overwrite``. Default: ``meta["converter"]`` and ``meta["source"]``.
         client: a ``dask.distributed.Client``: run the tasks on its cluster
             (its workers must reach the source and ``dest``).
+        skipped_meta: called after ``meta_at_end`` with the ``where`` of every input
+            ``build`` skipped (those of kept groups too); its result is merged into
+            ``meta`` (counts that must leave the skipped inputs out).
 
     Returns:
         The final manifest, shards in order.
@@ -316,15 +320,16 @@ def run_conversion(
         identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
     )))  # fmt: skip
     if not storage.is_local(dest):
-        return _convert(dest, inputs, build, context, meta, meta_at_end, options, progress, identity, client)
+        return _convert(dest, inputs, build, context, meta, (meta_at_end, skipped_meta), options, progress, identity, client)
     # one writer per local destination: a second conversion (or ShardWriter) into it is
     # refused while this one runs; the kernel releases the lock however this process ends
     with DestinationLock(os.path.abspath(local_path(dest))):
-        return _convert(dest, inputs, build, context, meta, meta_at_end, options, progress, identity, client)
+        return _convert(dest, inputs, build, context, meta, (meta_at_end, skipped_meta), options, progress, identity, client)
 
 
 def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta: dict[str, Any],
-             meta_at_end: Callable[[], Mapping[str, Any]] | None, options: ConvertOptions,
+             at_end: tuple[Callable[[], Mapping[str, Any]] | None, Callable[[list[str]], Mapping[str, Any]] | None],
+             options: ConvertOptions,
              progress: Callable[[int], None] | None, identity: Any, client: Any) -> Manifest:
     """:func:`run_conversion` once the destination is locked (local) or known remote."""
     io = options.io
@@ -372,8 +377,11 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         kept = getattr(progress, "kept", None)
         if callable(kept):
             kept(run.kept)
+    meta_at_end, skipped_meta = at_end
     if meta_at_end is not None:
         meta.update(redact_data(dict(meta_at_end())))
+    if skipped_meta is not None:
+        meta.update(redact_data(dict(skipped_meta([w for g in sorted(run.done) for w, _ in run.skipped.get(g, ())]))))
     manifest = run.manifest(complete=True)
     run.write(manifest)
     _remove_replaced(dest, previous, manifest, io)

@@ -74,14 +74,14 @@ class LocalExecutor(Executor):
                 pickle: a lambda, a nested function, an open file, a lock.
         """
         try:
-            pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+            task = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError, ...
             raise ConversionError(
                 f"a conversion task cannot be sent to a worker process: {type(e).__name__}: {e}. With workers > 1 "
                 "the build function and the inputs must pickle (a module-level function, plain values); "
                 "or convert with workers=1"
             ) from e
-        return self.pool.submit(fn, *args)
+        return self.pool.submit(run_pickled, task)  # pickled once: the pool sends these bytes as they are
 
     def wait_any(self, futures: Iterable[Any]) -> list[Any]:
         done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
@@ -139,6 +139,12 @@ class DaskExecutor(Executor):
         if self._log is not None and comm is not None:
             comm.recent_message_log = collections.deque(comm.recent_message_log, maxlen=self._log.maxlen)
             self._log = None
+
+
+def run_pickled(task: bytes) -> Any:
+    """Worker: run ``fn(*args)`` of a task :meth:`LocalExecutor.submit` pickled."""
+    fn, args = pickle.loads(task)
+    return fn(*args)
 
 
 def make_executor(workers: int, client: Any = None) -> Executor:

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ...codecs.jpegheader import read_jpeg_header
 from ...codecs.resize import DEFAULT_QUALITY, shrink_image
 from ...errors import ConversionError, DecodeError, redact
 from ...policy import CONVERT_ON_ERROR
@@ -67,8 +68,6 @@ def _header_size(data: bytes) -> tuple[int, int]:
         if chunk == b"IHDR":
             return width, height
     if data[:2] == b"\xff\xd8":
-        from ...codecs.jpeg import read_jpeg_header
-
         header = read_jpeg_header(data)
         if header is not None:
             return header.width, header.height
@@ -103,6 +102,8 @@ def check_image(data: bytes) -> str | None:
     Returns:
         None, or a reason such as ``"corrupt image: not an image format Pillow can read (...)"``.
     """
+    if data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9" and read_jpeg_header(data) is not None:
+        return None  # the usual JPEG, as the steps below find it: its header parses (size > 0), its EOI ends it
     if not data:
         return "corrupt image: empty file"
     try:

@@ -149,25 +149,26 @@ def iter_class(tree: Tree, index: int, cls: str, extensions: frozenset[str], ign
     for rel, entries in iter_dirs(tree, cls, ignored):
         images: list[Entry] = []
         fields: list[str] = []
-        for entry in entries:
-            if entry.is_dir:
+        head = rel + "/"
+        for entry in entries:  # once per file of the tree: plain indexing, the extension inlined
+            name, is_dir, is_file = entry[0], entry[1], entry[2]
+            if is_dir:
                 continue  # hidden and refused ones are named by iter_dirs
-            path = f"{rel}/{entry.name}"
-            if entry.name.startswith("."):
-                ignored.add(path, "hidden", is_dir=False)
-            elif not entry.is_file:
-                ignored.add(path, "not a regular file (a broken link?)", is_dir=False)
-            elif (field := extension(entry.name)) in extensions:
+            dot = name.rfind(".")
+            if name[0] == ".":
+                ignored.add(head + name, "hidden", is_dir=False)
+            elif not is_file:
+                ignored.add(head + name, "not a regular file (a broken link?)", is_dir=False)
+            elif (field := name[dot + 1 :].lower() if dot > 0 else "") in extensions:
                 images.append(entry)
                 fields.append(field)
             else:
-                ignored.add(path, "not an image (extension)", is_dir=False)
+                ignored.add(head + name, "not an image (extension)", is_dir=False)
         if not images:
             continue
-        head = rel + "/"
         batch = []
-        for entry, base, field in zip(images, key_names([e.name for e in images]), fields):
-            path = head + entry.name
+        for entry, base, field in zip(images, key_names([e[0] for e in images]), fields):
+            path = head + entry[0]
             size, version = stat(path) if stat is not None else (entry.size, entry.version)
             batch.append((head + base, field, path, index, size, version))
         yield batch
@@ -240,6 +241,20 @@ class ClassWalk:
         self.ignored.update(ignored)
         for descriptors in found:
             yield iter([descriptors])
+
+    def less_skipped(self, skipped: list[str]) -> dict[str, Any]:
+        """``class_counts`` and ``image_fields`` without the images the build skipped (their
+        paths ``<class>/.../<name>.<ext>``, as :class:`~shardflow.convert.groups.Skipped` names
+        them), so that they add up to the samples written."""
+        position = {c: k for k, c in enumerate(self.classes)}
+        counts, fields = list(self.class_counts), Counter(self.image_fields)
+        for rel in skipped:
+            k = position.get(rel.split("/", 1)[0])
+            if k is not None:
+                counts[k] -= 1
+                fields[extension(rel.rsplit("/", 1)[-1])] -= 1
+        return {"class_counts": dict(zip(self.classes, counts)),
+                "image_fields": {f: n for f, n in sorted(fields.items()) if n > 0}}
 
     def summary(self) -> dict[str, Any]:
         """Counts and names for the manifest's ``meta`` (call after the walk)."""

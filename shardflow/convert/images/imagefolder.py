@@ -19,8 +19,10 @@ Conventions (torchvision's ``ImageFolder``, made safe for large trees):
   and one that leads out of it only with ``follow_links=True``
   (``--follow-links``); each is skipped and named in ``meta.ignored`` (see
   :mod:`shardflow.convert.images.walk`). A symlinked file is the file it points to.
-- Order: classes in ``class_to_idx`` order; inside a directory its images
-  sorted by name, then its subdirectories sorted by name, depth first.
+- Order: by default a seeded shuffle of all images (``order="shuffled"``,
+  :mod:`shardflow.convert.engine.mixorder`), so that every shard mixes the classes. The walk
+  order (``order="walk"``) is classes in ``class_to_idx`` order; inside a directory its
+  images sorted by name, then its subdirectories sorted by name, depth first.
 - A class with no image is an error unless ``allow_empty`` (it keeps its index).
 
 ``SRC`` is a local folder or any fsspec URL (``s3://bucket/train``,
@@ -54,6 +56,7 @@ from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
+from ..engine.mixorder import DEFAULT_ORDER, in_order
 from .imagecheck import BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
@@ -195,7 +198,7 @@ def convert_imagefolder(
     on_error: str = "skip",
     follow_links: bool = False,
     max_side: int | None = None,
-    quality: int = DEFAULT_QUALITY,
+    quality: int = DEFAULT_QUALITY, order: str = DEFAULT_ORDER, seed: int = 0,
 ) -> Manifest:
     """Convert an ImageFolder tree into tar shards plus ``shardflow.json``.
 
@@ -230,18 +233,19 @@ def convert_imagefolder(
         max_side: shrink images with a longer side once, as they are packed
             (:mod:`shardflow.codecs.resize`); smaller ones are kept byte for byte.
         quality: JPEG/WebP quality (1..100) of the images ``max_side`` re-encodes.
+        order, seed: ``"shuffled"`` (default, seeded: :mod:`~shardflow.convert.engine.mixorder`) or ``"walk"``.
 
     Returns:
         The manifest. Its ``meta`` holds ``class_to_idx``, ``source`` (absolute
-        path or URL of ``src``), ``extensions``, ``class_counts`` (images per
-        class), ``image_fields`` (images per image field, e.g. ``{"jpg": 1200,
+        path or URL of ``src``), ``extensions``, ``class_counts`` (samples written per
+        class: corrupt images skipped are not counted), ``image_fields`` (samples per image field, e.g. ``{"jpg": 1200,
         "png": 800}``: a sample has one of them, which ``fields=("image", ...)``
         reads as one), ``ignored_files`` (files in ``src`` or in class folders that are
         not samples: hidden, not images, not regular), ``skipped_dirs``
         (hidden directories, symlinks into or out of the tree, loops),
         ``ignored`` (the first 1,000 of both, ``{"path", "reason"}``), and
         ``skipped_count`` / ``skipped`` (corrupt images left out, named with the
-        reason, the first 1,000); with ``max_side``, ``resize`` (``{"max_side", "quality"}``).
+        reason, the first 1,000); ``order``, ``order_seed``; with ``max_side``, ``resize``.
 
     Raises:
         ConversionError: ``src`` has no class folder; some classes have no
@@ -271,12 +275,10 @@ def convert_imagefolder(
     walk = ClassWalk(tree, classes, list(class_to_idx.values()), exts, client, ignored)
     meta, identity = _meta(tree, class_to_idx, exts, origin if given is not None else None, ctx)
     return run_conversion(
-        dst,
-        walk.descriptors(),
-        build,
+        dst, in_order(walk.descriptors(), order, int(seed)), build,
         context=ctx,
-        meta=meta,
-        meta_at_end=walk.summary,
+        meta={**meta, "order": order, "order_seed": int(seed)},
+        meta_at_end=walk.summary, skipped_meta=walk.less_skipped,  # counts of the samples written
         options=options,
         progress=progress,
         identity=identity,

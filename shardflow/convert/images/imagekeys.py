@@ -36,7 +36,13 @@ def key_names(images: list[str]) -> list[str]:
     images of the directory share the stem.
     """
     stems = [name.rpartition(".") for name in images]
-    shared = Counter(stem for stem, _, _ in stems)
+    plain = [stem for stem, _, _ in stems]
+    if len(set(plain)) == len(plain):  # no stem shared (the usual directory): no suffix
+        joined = "/" + "/".join(plain)  # and, mostly, nothing to escape either
+        if "%" in joined or "." in joined or "~" in joined or "/__" in joined:
+            return [_escape(stem) for stem in plain]
+        return plain
+    shared = Counter(plain)
     return [_escape(stem) + (f"~{ext}" if shared[stem] > 1 else "") for stem, _, ext in stems]
 
 

@@ -29,7 +29,7 @@ shard; ``group_size`` counts inputs). Workers read their rows row group by row
 group, yielding :data:`BATCH_ROWS` rows at a time; pyarrow decodes a row
 group's selected columns whole, so a worker's memory holds one row group of
 those columns, whatever the size of the files (Hugging Face writes image
-datasets in row groups of 100 rows; docs/convert.md measures a file written as
+datasets in row groups of 100 rows; docs/getting-data-in.md measures a file written as
 one large row group). A row group that two shards share is read by both. A
 re-run keeps the finished shards whose pieces, file sizes and modification
 times (ETags remotely) are unchanged.
@@ -139,8 +139,12 @@ def _version(url: str, io: storage.IOOptions) -> Any:
     return tuple(sorted(object_identity(fs.info(path)).items()))
 
 
-def _hf_features(schema: Any) -> dict[str, Any]:
-    """The Hugging Face ``features`` in a file's schema metadata (``{}`` when none)."""
+def _hf_features(schema: Any, url: str) -> dict[str, Any]:
+    """The Hugging Face ``features`` in a file's schema metadata (``{}`` when none or not JSON).
+
+    Raises:
+        ConversionError: the metadata is JSON nested deeper than Python's recursion limit (named).
+    """
     raw = (schema.metadata or {}).get(b"huggingface")
     if not raw:
         return {}
@@ -148,6 +152,9 @@ def _hf_features(schema: Any) -> dict[str, Any]:
         info = json.loads(raw)
     except ValueError:
         return {}
+    except RecursionError:
+        raise ConversionError(f"{url}: the schema metadata 'huggingface' ({len(raw)} bytes) is JSON nested too "
+                              "deeply to be Hugging Face features; remove it from the file") from None
     features = (info.get("info") or {}).get("features") if isinstance(info, dict) else None
     return features if isinstance(features, dict) else {}
 
@@ -193,7 +200,7 @@ class _Listing:
         """Every file holds the planned columns, of the same kinds and class names as the first."""
         from .columns import class_names, column_kind
 
-        features = _hf_features(schema)
+        features = _hf_features(schema, url)
         for c in self.plan:
             if c.name not in schema.names:
                 raise ConversionError(f"{url}: no column {c.name!r} (the first file has it); its columns are "
@@ -346,7 +353,7 @@ def convert_parquet(
     with _open(files[0], io) as f:
         schema = f.schema_arrow
     wanted = parse_columns(columns) if isinstance(columns, str) else columns
-    plan = plan_columns(schema, _hf_features(schema), wanted, files[0])
+    plan = plan_columns(schema, _hf_features(schema, files[0]), wanted, files[0])
     if options.group_size is None:
         options = dataclasses.replace(options, group_size=1)  # each input is one shard's rows
     listing = _Listing(files, plan, io, options.max_count)

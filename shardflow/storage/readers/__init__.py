@@ -15,6 +15,7 @@ from .generic import FileReader
 from .http import HTTPReader
 from .local import LocalReader, open_regular, regular_fd
 from .memory import MemoryReader
+from .metered import Metered
 from .s3 import S3Reader, is_s3
 
 __all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader", "open_regular", "regular_fd"]
@@ -22,13 +23,20 @@ __all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader
 
 def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
                  expect: Mapping[str, str] | None = None):
-    """Open the reader of ``fs``'s protocol at byte ``offset`` of ``path``.
+    """Open the reader of ``fs``'s protocol at byte ``offset`` of ``path``; a remote one
+    counts its request and bytes (:class:`~.metered.Metered`).
 
     Args:
         end: byte after the last one wanted, or None (to the end).
         expect: the identity seen at a first open, for a reopen (S3 sends ``If-Match``,
             GCS asks for the generation seen).
     """
+    reader = _open(fs, path, url, offset, end, options, expect)
+    return reader if isinstance(reader, LocalReader) else Metered(reader, url)
+
+
+def _open(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
+          expect: Mapping[str, str] | None):
     from fsspec.implementations.local import LocalFileSystem  # imported already: fs is an fsspec filesystem
 
     if isinstance(fs, LocalFileSystem):

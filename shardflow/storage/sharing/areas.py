@@ -31,7 +31,17 @@ from ..errors import UnsafeFolderError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_folder", "job_id", "open_private", "own_file_size", "private_folder", "staging_base", "user_folder"]
+__all__ = [
+    "check_folder",
+    "job_id",
+    "lock_held",
+    "open_private",
+    "own_file_size",
+    "private_folder",
+    "same_file",
+    "staging_base",
+    "user_folder",
+]
 
 USER_PREFIX = "shardflow-"  # the per-user folder in a shared temporary folder: shardflow-<uid>
 _TOKEN = (os.getpid(), secrets.token_hex(8))  # where a process start time is not known (no /proc)
@@ -168,6 +178,35 @@ def own_file_size(path: str) -> int | None:
         logger.warning("%s is not a regular file of this user's; not served (a link is never followed)", path)
         return None
     return st.st_size
+
+
+def same_file(fd: int, path: str) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (it was not removed or replaced meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def lock_held(path: str) -> bool | None:
+    """Probe the ``flock`` on an area's lock or claim file without waiting: True when another
+    open file holds it, False when it is free (taken and let go at once), None when there is
+    no such file. Opened as :func:`open_private` opens (never through a link)."""
+    import fcntl
+
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _stat(pid: str) -> list[bytes]:

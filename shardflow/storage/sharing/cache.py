@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
+from shardflow.accounting import count
 from shardflow.errors import RemoteReadError, redact
 
-from ..errors import ShardChangedError
-from .areas import open_private, own_file_size, private_folder
+from ..errors import ShardChangedError, check_digest
+from .areas import lock_held, open_private, own_file_size, private_folder, same_file
 from ..backends.filesystems import filesystem, fresh_info, has_validator, object_identity
 from ..options import IOOptions
 from ..reading import retried_chunks
@@ -119,6 +120,7 @@ class ShardCache:
         pinned = self._pinned(url, sha256) if sha256 else None
         if pinned is not None:
             lock_fd, lock_path, data = pinned
+            count("cache_hits")
             try:
                 self._touch(data)
                 yield data
@@ -140,6 +142,7 @@ class ShardCache:
             for _attempt in range(5):
                 lock_fd = self._lock(lock_path, fcntl.LOCK_SH)
                 if self._present(data, size):
+                    count("cache_hits")
                     self.shrink()  # a hit: no download evicted anything (this entry is held)
                     break
                 self._release(lock_fd, lock_path)
@@ -148,11 +151,12 @@ class ShardCache:
                     if not self._download(url, key, data, size, identity, options, sha256):
                         yield None
                         return
+                    count("cache_fills")
                     if sha256:  # the fill was checked against it
                         self._pin(url, sha256, data)
                 # converting EX -> SH is not atomic; eviction may slip in: check again
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)
-                if self._present(data, size) and self._same_file(lock_fd, lock_path):
+                if self._present(data, size) and same_file(lock_fd, lock_path):
                     break
                 self._release(lock_fd, lock_path)
                 lock_fd = None
@@ -216,7 +220,7 @@ class ShardCache:
             fd = open_private(path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, how)
-                if cls._same_file(fd, path):
+                if same_file(fd, path):
                     return fd
             except BaseException:
                 os.close(fd)
@@ -224,15 +228,6 @@ class ShardCache:
             os.close(fd)
         raise OSError(f"shard cache: lock file {path} was replaced 1,000 times in a row")
 
-    @staticmethod
-    def _same_file(fd: int, path: str) -> bool:
-        """Whether ``fd`` is still the file at ``path`` (it was not unlinked meanwhile)."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return False
-        own = os.fstat(fd)
-        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
     @classmethod
     def _release(cls, fd: int, path: str) -> None:
@@ -241,7 +236,7 @@ class ShardCache:
 
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if cls._same_file(fd, path):
+            if same_file(fd, path):
                 os.unlink(path)
         except (BlockingIOError, FileNotFoundError):
             pass  # in use elsewhere: its last user removes it
@@ -311,7 +306,7 @@ class ShardCache:
                 except FileNotFoundError:
                     continue
                 if e.name.startswith(".tmp-"):
-                    if self._try_lock(e.path):  # nobody writes it: a dead download
+                    if lock_held(e.path) is False:  # nobody writes it: a dead download
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(e.path)
                         continue
@@ -330,7 +325,7 @@ class ShardCache:
             except BlockingIOError:
                 os.close(fd)
                 continue  # in use
-            if not self._same_file(fd, lock_path):  # its last user removed it: a new user holds the new one
+            if not same_file(fd, lock_path):  # its last user removed it: a new user holds the new one
                 os.close(fd)
                 continue
             try:
@@ -347,21 +342,6 @@ class ShardCache:
                 return True
         return False
 
-    @staticmethod
-    def _try_lock(path: str) -> bool:
-        import fcntl
-
-        try:
-            fd = open_private(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
 
 
 def cached_chunks(url: str, start: int, end: int | None, options: IOOptions,
@@ -425,9 +405,5 @@ def fill(tmp: str, fd: int, url: str, options: IOOptions, identity: Mapping[str,
                            "uncached", root, e.strerror, redact(url))
         _full_since[root] = time.monotonic()
         return None
-    if hasher is not None and hasher.hexdigest() != sha256:
-        raise ShardChangedError(
-            f"{url}: its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: the object changed "
-            "since it was indexed (not cached)"
-        )
+    check_digest(url, hasher, sha256, " (not cached)")
     return written

@@ -39,13 +39,15 @@ from dataclasses import replace
 
 from shardflow.errors import RemoteReadError, redact
 
-from ..errors import ShardChangedError
+from ..errors import check_digest
 from ..backends.filesystems import has_validator
 from ..options import IOOptions
 from ..reading import retried_chunks
 from .areas import open_private
 from .staged_blocks import StagedObject
-from .staging import held_here, let_go, same_file, scope_of, unstaged
+from .areas import same_file
+from .staging import held_here, let_go, scope_of, unstaged
+from .staging_faults import disk_full, stall_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ class Fetch(threading.Thread):
         try:
             self._stream()
         except BaseException as exc:  # noqa: BLE001 - raised by the reader that started the fetch
-            self.error = exc
+            self.error = disk_full(exc, self.obj.url, self.obj.scope.root, self.obj.options) or exc
             logger.debug("staging %s from block %d failed: %s", redact(self.obj.url), self.first, redact(str(exc)))
         finally:
             for fd in self.claims.values():
@@ -140,7 +142,13 @@ class Fetch(threading.Thread):
                 let_go(out)
 
     def _opened(self, size: int | None, identity: Mapping[str, str]) -> None:
-        self.obj.record_meta(size, identity)
+        try:
+            self.obj.record_meta(size, identity)
+        except OSError as exc:  # called inside the retried request: a full disk is no store failure
+            full = disk_full(exc, self.obj.url, self.obj.scope.root, self.obj.options)
+            if full is None:
+                raise
+            raise full from exc
         self.opened.set()
 
     def _until(self, j: int) -> int | None:
@@ -239,6 +247,11 @@ def _chunks(reader: _Reader, start: int, check_size: Callable[[int], None] | Non
             sha256: str | None) -> Iterator[bytes]:
     try:
         yield from reader.chunks(start, check_size, sha256)
+    except OSError as exc:
+        full = disk_full(exc, reader.obj.url, reader.obj.scope.root, reader.obj.options)
+        if full is None:
+            raise
+        raise full from exc
     finally:
         reader.close()
 
@@ -255,6 +268,7 @@ class _Reader:
         self.base = 0  # where the open block's file starts within the block
         self.finished = False
         self.passed: list[int] = []  # blocks read past
+        self.stalled = False  # a claim's live holder wrote nothing for stall_seconds: read around it
 
     def chunks(self, start: int, check_size: Callable[[int], None] | None,
                sha256: str | None) -> Iterator[bytes]:
@@ -305,6 +319,14 @@ class _Reader:
             if self.fetch(j, pos):
                 continue
             waited = time.monotonic() - quiet_since
+            if (waited > stall_seconds(obj.options) or self.stalled) and not self._fetching(j):
+                for piece in self._around_stalled(j, pos, stop, waited):
+                    if hasher is not None:
+                        hasher.update(piece)
+                    yield piece
+                    pos += len(piece)
+                quiet_since = time.monotonic()
+                continue
             if waited > obj.options.part_deadline:
                 raise RemoteReadError(
                     f"reading {obj.url}: byte {pos} was not staged within {waited:.1f} s "
@@ -317,11 +339,7 @@ class _Reader:
         # batch's samples read first, then the rest from the shard's start) reads them again
         for j in self.passed:
             obj.passed(j)
-        if hasher is not None and hasher.hexdigest() != sha256:
-            raise ShardChangedError(
-                f"{obj.url}: read whole, its sha256 is {hasher.hexdigest()} but the manifest lists {sha256}: "
-                "the object changed since it was indexed or while being read"
-            )
+        check_digest(obj.url, hasher, sha256, "")
 
     def _piece(self, j: int, pos: int, stop: int | None) -> bytes | None:
         """Bytes of block ``j`` from ``pos`` on that are written already (maybe none);
@@ -348,6 +366,24 @@ class _Reader:
         if stop is not None:
             n = min(n, stop - pos)
         return os.pread(self.fd, n, off)
+
+    def _fetching(self, j: int) -> bool:
+        """Whether a fetch this reader started is writing block ``j`` (its own: never read around)."""
+        return any(f.covers(j) and f.is_alive() for f in self.fetches)
+
+    def _around_stalled(self, j: int, pos: int, stop: int | None, waited: float) -> Iterator[bytes]:
+        """The rest of block ``j`` (to ``stop``) from the store itself, not through the area: its
+        claim's live holder wrote nothing for ``waited`` seconds (see
+        :mod:`~shardflow.storage.sharing.staging_faults`). Later blocks a live worker holds are read
+        so at once; those written, or claimed here, are still shared."""
+        obj = self.obj
+        if not self.stalled:
+            self.stalled = True
+            logger.warning("staging %s: block %d's fetch wrote nothing for %.1f s; reading around it", obj.url, j,
+                           waited)
+        upto = (j + 1) * obj.block if stop is None else min((j + 1) * obj.block, stop)
+        options = replace(obj.options, staging_scope=None)
+        yield from retried_chunks(obj.url, pos, upto, options, expect=obj.identity if obj.known else None)
 
     def _drop_block(self) -> None:
         if self.fd >= 0:

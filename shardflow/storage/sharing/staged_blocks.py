@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from ..errors import ShardChangedError
 from ..backends.filesystems import identity_difference
 from ..options import IOOptions
-from .areas import open_private
-from .staging import StagingScope, same_file
+from .areas import lock_held, open_private, same_file
+from .staging import StagingScope
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class StagedObject:
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # readers hold it shared
-                if _claim_held(claim) or not self._complete_on_disk(base, int(j), nbytes):
+                if lock_held(claim) is True or not self._complete_on_disk(base, int(j), nbytes):
                     continue
                 remove_block(base, int(j))
                 used -= nbytes
@@ -194,20 +194,6 @@ class StagedObject:
             return nbytes == self.block  # another object's block: full-sized ones are surely complete
         full = self.block_len(j)
         return full is not None and self.first(j) + nbytes == full
-
-
-def _claim_held(path: str) -> bool:
-    try:
-        fd = open_private(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def remove_block(base: str, j: int) -> None:

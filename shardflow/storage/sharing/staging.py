@@ -46,7 +46,7 @@ from typing import Any
 from ..errors import UnsafeFolderError
 from ..options import IOOptions
 from ..urls import is_local
-from .areas import check_folder, open_private, private_folder, staging_base
+from .areas import check_folder, open_private, private_folder, same_file, staging_base
 
 logger = logging.getLogger(__name__)
 
@@ -268,12 +268,3 @@ def _sweep(base: str, keep: str) -> None:
         finally:
             os.close(fd)
 
-
-def same_file(fd: int, path: str) -> bool:
-    """Whether ``fd`` is still the file at ``path`` (it was not removed meanwhile)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)

@@ -4,7 +4,7 @@ the manifest that writer and the next one share.
 Several writers may fill one folder (``train-%06d.tar`` then ``val-%06d.tar``, the usual
 webdataset layout): each keeps the shards the folder's manifest already lists, except the
 earlier shards of its own series (its pattern, from its ``start_shard`` on), which it
-replaces. See ``docs/writing.md``.
+replaces. See ``docs/getting-data-in.md``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,164 @@
+"""Reading a scattered plan (a window shuffle, :mod:`shardflow.planning.window`): :func:`read_scattered`.
+
+Each needed sample is read on its own through its shard's offset index, with ``os.pread`` on a
+descriptor kept open per shard (the least recently used closed beyond :data:`OPEN_SHARDS`). The
+tar parse, whose cost is mostly per call, runs over :data:`BLOCK` samples at once: their bytes,
+read one by one, are joined and parsed as one tar stream whose sample starts are known (so
+samples with equal keys stay apart). When that parse does not give one clean sample per position
+(a damaged sample among them), each of those samples is parsed again on its own, with its shard's
+URL and offsets in the errors, under the dataset's ``on_error`` policy. Only local plain ``.tar``
+shards get scattered plans (:mod:`shardflow.dataset.classmix`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .. import storage
+from ..errors import ManifestError, ShardflowError, TruncatedShardError
+from ..format.tar import iter_samples, raw_sample
+from ..planning.plan import RankPlan
+from ..policy import ErrorPolicy
+from ..sources.source import ShardSet
+
+__all__ = ["read_scattered", "BLOCK", "OPEN_SHARDS"]
+
+BLOCK = 256
+"""Samples parsed at once."""
+
+OPEN_SHARDS = 256
+"""Shard descriptors a pass keeps open."""
+
+
+class _Shards:
+    """Open descriptors (least recently used closed first) and offset indexes of a pass's shards."""
+
+    def __init__(self, source: ShardSet, offsets: Callable[[int], np.ndarray | None]) -> None:
+        self._source, self._offsets = source, offsets
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def read(self, shard: int, sample: int) -> tuple[bytes, int, int]:
+        """The bytes of one sample and their ``[lo, hi)`` in the shard."""
+        index = self._offsets(shard)
+        url = self._source.urls[shard]
+        if index is None:  # pragma: no cover - a scattered plan is made only for indexed shards
+            raise ManifestError(f"{url}: no offset index to read sample {sample} by", reason="missing_index")
+        lo, hi = int(index[sample]), int(index[sample + 1])
+        data = os.pread(self._fd(shard), hi - lo, lo)
+        if len(data) != hi - lo:
+            raise TruncatedShardError(f"{url}: shard ended before sample {sample} (bytes [{lo}, {hi}))")
+        return data, lo, hi
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is not None:
+            self._fds.move_to_end(shard)
+            return fd
+        url = self._source.urls[shard]
+        fd = storage.regular_fd(url[len("file://") :] if url.startswith("file://") else url)
+        m = self._source.manifest
+        listed = m.shards[shard].bytes if m is not None else -1
+        if listed >= 0 and os.fstat(fd).st_size > listed:
+            os.close(fd)
+            raise ManifestError(f"{url}: the shard has more bytes than the manifest lists ({listed}): it changed since "
+                                "the manifest was written (re-run `shardflow index`, or restore the shard)",
+                                reason="changed_shard")  # fmt: skip
+        self._fds[shard] = fd
+        while len(self._fds) > OPEN_SHARDS:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+
+def _one(data: bytes, lo: int, hi: int, url: str, io: storage.IOOptions, policy: ErrorPolicy) -> dict[str, Any] | None:
+    """One sample parsed on its own (None: dropped under the policy)."""
+    found = list(iter_samples([data], url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=[lo, hi]))
+    if len(found) != 1:
+        policy.handle(ManifestError(f"{url}: bytes [{lo}, {hi}) hold {len(found)} samples instead of 1; the offset "
+                                    "index does not match the shard (run `shardflow index`)", reason="stale_index"))
+        return None
+    key, _, fields = found[0]
+    if type(fields) is not dict:
+        policy.handle(fields)
+        return None
+    return raw_sample(key, url, fields)
+
+
+def _block(reads: list[tuple[bytes, int, int]], urls: list[str], io: storage.IOOptions, policy: ErrorPolicy) -> list[Any]:
+    """The samples of a block of reads: parsed at once, or one by one when that is not clean."""
+    ends = np.cumsum([len(d) for d, _, _ in reads])
+    starts = np.concatenate([[0], ends]).astype(np.int64)
+    try:
+        found = list(iter_samples([b"".join(d for d, _, _ in reads)], "scattered", 0, end=int(ends[-1]),
+                                  sample_errors="yield", limits=io.limits, starts=starts, walk_starts=starts))  # fmt: skip
+    except ShardflowError:
+        found = []
+    if len(found) == len(reads) and all(type(f) is dict for _, _, f in found):
+        return [raw_sample(k, u, f) for (k, _, f), u in zip(found, urls)]
+    return [_one(d, lo, hi, u, io, policy) for (d, lo, hi), u in zip(reads, urls)]
+
+
+def read_scattered(
+    plan: RankPlan,
+    needed: np.ndarray,
+    source: ShardSet,
+    io: storage.IOOptions,
+    policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None],
+    *,
+    positioned: bool = True,
+) -> Iterator[Any]:
+    """Read the needed positions of a scattered plan, in read order.
+
+    Args:
+        plan: the rank's plan (:attr:`~shardflow.planning.plan.RankPlan.scattered`).
+        needed: bool array over read positions.
+        source: the shards (local plain ``.tar`` files with offset indexes).
+        io: storage options (the limits).
+        policy: error policy: a sample that cannot be read is dropped under it (yielded as None).
+        offsets: ``offsets(shard)``: the shard's offset index.
+        positioned: False to yield the samples alone.
+
+    Yields:
+        ``(position, sample)`` per needed position (or the sample alone); None for a dropped one.
+    """
+    positions = np.flatnonzero(needed)
+    shard_of = np.asarray([s.shard for s in plan.segments], dtype=np.int64)
+    shards = shard_of[plan.read_segment[positions].astype(np.int64)] if len(positions) else positions
+    samples = plan.read_sample[positions]
+    files = _Shards(source, offsets)
+    try:
+        for at in range(0, len(positions), BLOCK):
+            reads: list[tuple[bytes, int, int] | None] = []
+            for shard, sample in zip(shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()):
+                try:
+                    reads.append(files.read(shard, sample))
+                except ShardflowError as e:
+                    policy.handle(e, samples=0, shard=source.urls[shard])
+                    policy.lost()
+                    reads.append(None)
+                except OSError as e:
+                    url = source.urls[shard]
+                    err = (storage.ShardNotFoundError(f"shard not found: {url}") if isinstance(e, FileNotFoundError)
+                           else TruncatedShardError(f"{url}: sample {sample} could not be read: {e}"))
+                    policy.handle(err, samples=0, shard=url, cause=e)
+                    policy.lost()
+                    reads.append(None)
+            urls = [source.urls[s] for s in shards[at : at + BLOCK].tolist()]
+            good = [j for j, r in enumerate(reads) if r is not None]
+            parsed = _block([reads[j] for j in good], [urls[j] for j in good], io, policy) if good else []  # type: ignore[misc]
+            out: list[Any] = [None] * len(reads)
+            for j, s in zip(good, parsed):
+                out[j] = s
+            for pos, s in zip(positions[at : at + BLOCK].tolist(), out):
+                yield (pos, s) if positioned else s
+    finally:
+        files.close()
