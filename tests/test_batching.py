@@ -92,28 +92,32 @@ def test_loader_worker_error_in_the_first_batch_reaches_the_main_process(tmp_pat
 
 
 class _WhereStacked(IterableDataset):
-    """Yields, from a worker, whether collate's tensors lie in shared memory there."""
+    """Yields, from a worker, whether collate's tensors lie in shared memory there (two batches:
+    a worker's first one, when small, is stacked into private memory to travel by value)."""
 
     def __iter__(self) -> Iterator[Any]:
         # img and arr over BY_VALUE_MAX_BYTES per batch (110 and 131 kB), cls under it
         samples = [{"img": torch.full((3, 96, 96), i, dtype=torch.uint8), "arr": np.full((2, 4096), i, np.float32),
                     "cls": i} for i in range(4)]
-        batch = collate(samples)
-        yield {
-            "in_worker": get_worker_info() is not None,
-            "img_shared": batch["img"].is_shared(),
-            "arr_shared": batch["arr"].is_shared(),
-            "cls_shared": batch["cls"].is_shared(),
-            "img": batch["img"],
-            "arr": batch["arr"],
-        }
+        for _ in range(2):
+            batch = collate(samples)
+            yield {
+                "in_worker": get_worker_info() is not None,
+                "img_shared": batch["img"].is_shared(),
+                "arr_shared": batch["arr"].is_shared(),
+                "cls_shared": batch["cls"].is_shared(),
+                "img": batch["img"],
+                "arr": batch["arr"],
+            }
 
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_collate_stacks_into_shared_memory_in_workers(workers: int) -> None:
-    (got,) = list(DataLoader(_WhereStacked(), batch_size=None, num_workers=workers, timeout=60 if workers else 0))
-    assert got["in_worker"] == bool(workers)
+    first, got = list(DataLoader(_WhereStacked(), batch_size=None, num_workers=workers, timeout=60 if workers else 0))
+    assert got["in_worker"] == first["in_worker"] == bool(workers)
     assert got["img_shared"] == bool(workers) and got["arr_shared"] == bool(workers)
+    # the worker's first batch: its first tensor over 64 KiB (img) by value; arr takes a slot
+    assert not first["img_shared"] and first["arr_shared"] == bool(workers)
     assert not got["cls_shared"]  # small: it travels by value
     assert got["img"].shape == (4, 3, 96, 96) and got["img"].dtype == torch.uint8
     assert got["img"][:, 0, 0, 0].tolist() == [0, 1, 2, 3]

@@ -53,14 +53,21 @@ def test_slots_are_reused_and_what_arrived_stays_intact():
 
 
 @pytest.mark.parametrize("fast_paths", [True], indirect=True)  # the pool itself
-def test_a_workers_first_batch_is_not_copied_out_of_a_slot(monkeypatch):
+@pytest.mark.parametrize("side", [64, 80])  # 64 images of 3 x side x side: 768 KiB, 1.2 MiB
+def test_a_workers_first_batch_is_not_copied_out_of_a_slot(monkeypatch, side):
+    """Up to FIRST_BY_VALUE_MAX_BYTES the first batch travels by value (no descriptor for the
+    main process to fetch from the worker), larger as torch sends tensors (mapped and kept)."""
     monkeypatch.setattr(transfer, "_pool", None)  # a worker that has sent nothing yet
-    out = transfer.shared_out(8, (3, 40, 40), torch.uint8)
+    out = transfer.shared_out(64, (3, side, side), torch.uint8)
     out.fill_(7)
+    small = out.numel() <= transfer.FIRST_BY_VALUE_MAX_BYTES
+    assert out.is_shared() is not small
     item = cross(WorkerItem(0, 0, {"img": out}))
-    assert not item.pools and item.data["img"].is_shared()  # mapped as torch sends it, no copy
+    assert not item.pools and item.data["img"].is_shared() is not small
+    if small:  # a copy, sent by value (in one process torch maps the shared one to itself)
+        assert item.data["img"].untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
     assert int(item.data["img"].min()) == int(item.data["img"].max()) == 7
-    later = cross(WorkerItem(0, 1, {"img": transfer.shared_out(8, (3, 40, 40), torch.uint8)}))
+    later = cross(WorkerItem(0, 1, {"img": transfer.shared_out(64, (3, side, side), torch.uint8)}))
     assert later.pools and not later.data["img"].is_shared()  # then the slots, copied out
 
 

@@ -3,6 +3,7 @@ small generators the dataset composes its per-worker pipeline from."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,9 @@ class WorkerItem:
     """In the main process: the worker buffer pools the batch came through (see
     :mod:`shardflow.loading.transfer`)."""
 
+    sent: threading.Event | None = field(default=None, repr=False, compare=False)
+    """In a worker: set once the item is pickled to cross (see :class:`Primed`); not sent."""
+
     def pin_memory(self, device: Any = None) -> WorkerItem:
         """Pin the batch (the DataLoader calls this under ``pin_memory=True``; without it,
         torch's pinning returns an object of another type as it is, unpinned).
@@ -105,6 +109,8 @@ class WorkerItem:
         t = accounting.clock()
         wire = transfer.to_wire(self.data)
         accounting.add_ns("handover", accounting.clock() - t)  # sent with the next batch
+        if self.sent is not None:
+            self.sent.set()
         return (_rebuild_item, (self.worker, self.index, wire, self.stats, self.final, self.acct))
 
 
@@ -163,6 +169,10 @@ def close_iter(it: Any) -> None:
         close()
 
 
+SENT_WAIT = 0.5
+"""Seconds at most that a worker waits for its first batch to be pickled before it makes the next."""
+
+
 class Primed:
     """``items`` with its first item computed at construction.
 
@@ -172,18 +182,27 @@ class Primed:
     (planning, opening shards, reading, decoding, collating) in that wait.
     Iteration is otherwise unchanged: an exception raised while priming is raised
     by the first ``next()``, and ``close()`` closes ``items``.
+
+    The DataLoader pickles a worker's items in a thread of its queue, which needs the
+    interpreter lock that making the next batch holds (handed over every 5 ms at best, later
+    when the machine is busy). The training loop waits for the first batch, so the worker
+    makes its second only once the first is pickled (a :class:`WorkerItem`'s ``sent``; at
+    most :data:`SENT_WAIT` seconds).
     """
 
     def __init__(self, items: Iterator[Any]) -> None:
         self._items = items
         self._first: Any = _SENTINEL
         self._error: Exception | None = None
+        self._sent: threading.Event | None = None
         try:
             self._first = next(items)
         except StopIteration:
             pass
         except Exception as e:  # noqa: BLE001 - raised at the first next(), where it would have been
             self._error = e
+        if isinstance(self._first, WorkerItem):
+            self._sent = self._first.sent = threading.Event()
 
     def __iter__(self) -> Primed:
         return self
@@ -196,6 +215,9 @@ class Primed:
         if self._first is not _SENTINEL:
             first, self._first = self._first, _SENTINEL
             return first
+        if self._sent is not None:
+            sent, self._sent = self._sent, None
+            sent.wait(SENT_WAIT)
         return next(self._items)
 
     def close(self) -> None:

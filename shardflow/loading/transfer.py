@@ -10,6 +10,12 @@ decoding the batch costs (docs/benchmarks.md). Here instead:
   pool of shared-memory buffers that each worker keeps (:func:`shared_out`); the main process
   maps a slot once, and for every later batch copies it out into memory of its own and hands
   the slot back (a flag in a shared array), so batch after batch reuses the same pages;
+* the first tensor a worker stacks (its first batch's images, say), when it is at most
+  :data:`FIRST_BY_VALUE_MAX_BYTES`, is stacked into private memory and travels by value too:
+  torch's way (a descriptor fetched from the worker's ``resource_sharer`` listener thread,
+  which answers only when the worker's interpreter lock lets it, while the worker decodes its
+  next batch) kept the main process waiting for the first batch 25-50 ms, and a slot would be
+  mapped and copied out; a larger one goes the way torch sends it, mapped once and kept;
 * anything else (no free slot, another collate, graphs) goes the way torch sends it.
 
 The main process keeps a worker's slots mapped until :func:`forget` (the loader calls it when
@@ -29,10 +35,17 @@ from .. import fastpath
 from ..compat.torch import new_shared, storage_uses
 from ..errors import ShardflowError
 
-__all__ = ["BY_VALUE_MAX_BYTES", "POOL_SLOTS", "shared_out", "to_wire", "from_wire", "release", "forget"]
+__all__ = [
+    "BY_VALUE_MAX_BYTES", "FIRST_BY_VALUE_MAX_BYTES", "POOL_SLOTS", "shared_out", "to_wire", "from_wire", "release", "forget",
+]
 
 BY_VALUE_MAX_BYTES: int = 1 << 16
 """Tensors up to this many bytes (64 KiB: labels, indices, small features) travel by value."""
+
+FIRST_BY_VALUE_MAX_BYTES: int = 1 << 20
+"""The first tensor a worker stacks travels by value up to this many bytes (1 MiB: 64 images
+of 3x64x64 uint8 take 768 KiB). Larger, its bytes through the pipe (64 KiB at a time) take
+longer than the descriptor's way."""
 
 POOL_SLOTS: int = 4
 """Shared-memory buffers per worker process: the DataLoader keeps ``prefetch_factor`` (2)
@@ -59,6 +72,7 @@ class _Pool:
         self.state_sent = False
         self.by_address: dict[int, int] = {}
         self.first = True  # no batch handed out yet (see shared_out)
+        self.by_value: set[int] = set()  # addresses of first batches in private memory, to send by value
 
 
 _pool: _Pool | None = None
@@ -72,12 +86,12 @@ def _worker_pool() -> _Pool:
 
 
 def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor of shape ``(count, *shape)`` in shared memory, for collate to
-    stack a batch into in a DataLoader worker: a free slot of the worker's pool (grown or
-    replaced to fit), or a fresh shared tensor when every slot is in flight, and for the
-    worker's first batch: that one the main process maps and keeps as it is, the way torch
-    sends tensors, so that the first batch of an epoch waits for no copy out of a slot (a copy
-    of the whole batch through new mappings into new pages)."""
+    """An uninitialised tensor of shape ``(count, *shape)`` for collate to stack a batch into
+    in a DataLoader worker: a free slot of the worker's pool (grown or replaced to fit), or a
+    fresh shared tensor when every slot is in flight. The worker's first one (its first
+    batch's) waits for no mapping of a slot: up to :data:`FIRST_BY_VALUE_MAX_BYTES` it is
+    private memory that :func:`to_wire` sends by value, larger a fresh shared tensor that the
+    main process maps and keeps as it is, the way torch sends tensors."""
     if not fastpath.enabled() or _SOLE_USE is None:  # torch's own way: a new segment per batch
         return new_shared((count, *shape), dtype)
     nbytes = count * dtype.itemsize
@@ -85,6 +99,10 @@ def shared_out(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.
         nbytes *= n
     pool = _worker_pool()
     first, pool.first = pool.first, False
+    if first and nbytes <= FIRST_BY_VALUE_MAX_BYTES:
+        out = torch.empty((count, *shape), dtype=dtype)
+        pool.by_value.add(out.untyped_storage().data_ptr())
+        return out
     for i in range(0 if first else POOL_SLOTS):
         if pool.state[i].item():
             continue
@@ -168,12 +186,27 @@ def _wire(data: Any, claimed: set[int]) -> Any:
         return data
     if data.is_shared():
         return _slot_of(data, claimed)
-    if data.dtype not in _NUMPY_DTYPES or data.numel() * data.element_size() > BY_VALUE_MAX_BYTES:
+    if data.dtype not in _NUMPY_DTYPES:
+        return data
+    if data.numel() * data.element_size() > BY_VALUE_MAX_BYTES and not _first_by_value(data):
         return data
     try:
         return _ByValue(data.numpy())
     except (RuntimeError, TypeError):  # a tensor numpy cannot view (named dimensions, ...)
         return data
+
+
+def _first_by_value(data: torch.Tensor) -> bool:
+    """Whether ``data`` is (a view of) the worker's first batch as :func:`shared_out` made it,
+    to be sent by value (once: the address may serve another tensor later)."""
+    pool = _pool
+    if pool is None or not pool.by_value or pool.pid != os.getpid():
+        return False
+    address = data.untyped_storage().data_ptr()
+    if address not in pool.by_value:
+        return False
+    pool.by_value.discard(address)  # once: a later tensor at that address is another
+    return True
 
 
 def _slot_of(data: torch.Tensor, claimed: set[int]) -> Any:
