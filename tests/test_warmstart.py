@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 
 import pytest
 
 import shardflow
+from shardflow import storage
 from shardflow.dataset.warmstart import prefetch_first
 from shardflow.storage import IOOptions
 from shardflow.storage.sharing import staged_blocks
@@ -79,6 +81,58 @@ def test_nothing_is_requested_ahead_for_spawned_workers_or_without_staging(http_
         with ds.epoch_run(2).start():  # what iter() runs before starting the workers
             pass
         assert srv.stats.gets == 0
+
+
+def test_another_ranks_sweep_keeps_the_bytes_fetched_before_the_workers_start(http_server, tmp_path):
+    """Between the end of the main process's fetches and its workers' arrival nobody holds the
+    area; another rank's worker entering its own area in the same folder sweeps the areas nobody
+    holds, and used to remove this one: the workers fetched those shards again (a trial with 2
+    ranks on S3 saw every shard of a rank fetched twice)."""
+    srv = http_server
+    want = write(tmp_path / "d", 600, 100)
+    stored = serve(srv, tmp_path / "d")
+    io = IOOptions(backoff=0.0, staging_dir=str(tmp_path / "staging"))
+    ds = shardflow.ShardDataset(srv.url, decode=None, shuffle=True, seed=5, io=io)
+    loader = shardflow.loader(ds, batch_size=8, num_workers=2, collate_fn=list)
+    first = first_shard_names(ds, 2)
+    srv.reset_stats()
+    prefetch_first(ds, 0, 2)
+    assert wait_until(lambda: set(srv.stats.gets_by_path) == first)
+    assert wait_until(lambda: not any(t.name == "shardflow-prefetch" for t in threading.enumerate()))
+    (area,) = os.listdir(tmp_path / "staging")  # fetched into, held by nobody now
+    # rank 1's first worker (another process in a real run) enters its area in the same folder
+    other = staging.staging_for(io, ds.urls, (storage.job_id(False), 1, 2, 0), 0, 2)
+    assert list(staging.staged_epoch(iter(()), other)) == []
+    assert area in os.listdir(tmp_path / "staging")  # not swept: its job is alive, its workers to come
+    seen = [(s["__key__"], s["bin"]) for batch in loader for s in batch]
+    assert sorted(seen) == sorted(want.items())
+    assert tar_gets(srv) == 6, srv.stats.gets_by_path  # one GET per shard, the first ones before the sweep
+    assert srv.stats.body_bytes == stored
+
+
+def _exit() -> None:
+    pass
+
+
+def test_an_area_awaiting_the_workers_of_a_job_that_is_gone_is_swept(tmp_path):
+    """The mark protects an area only while its job runs (a crashed job's area is removed)."""
+    from shardflow.storage.sharing.areas import job_alive
+
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_exit)
+    child.start()
+    child.join(10)
+    io = IOOptions(staging_dir=str(tmp_path))
+    urls = ["http://127.0.0.1:1/a.tar"]
+    alive, gone = (staging.staging_for(io, urls, (job, 0, 1, 0), 0, 2).staging_scope for job in ("a", "b"))
+    staging.let_go(staging.enter_area(alive, storage.job_id(False)))
+    gone_job = f"{child.pid}@{storage.job_id(False).split('@')[1]}"  # the child's pid, gone now
+    staging.let_go(staging.enter_area(gone, gone_job))
+    assert job_alive(storage.job_id(False)) and not job_alive(gone_job)
+    third = staging.staging_for(io, urls, ("c", 0, 1, 0), 0, 2)
+    assert list(staging.staged_epoch(iter(()), third)) == []
+    names = os.listdir(tmp_path)  # (a folder only this user can write holds the areas itself)
+    assert os.path.basename(alive.root) in names and os.path.basename(gone.root) not in names
 
 
 def _hold(ready, go) -> None:

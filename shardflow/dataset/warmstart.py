@@ -67,7 +67,7 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     shards = _first_shards(plan, ds.source, min(num_workers, plan.num_batches))
     if not shards:
         return
-    users = storage.enter_area(scope)  # no sweep removes the area before the workers enter it
+    users = storage.enter_area(scope, storage.job_id(False))  # no sweep removes it before the workers enter it
     fetches = []
     try:
         for shard in shards:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_folder",
+    "job_alive",
     "job_id",
     "lock_held",
     "open_private",
@@ -242,6 +243,30 @@ def job_id(in_worker: bool) -> str:
     if _TOKEN[0] == pid:  # this process, or (forked) the worker's parent
         return f"{pid}@{_TOKEN[1]}"
     return f"{os.getpid()}@{_own_token()}"  # a spawned worker, no /proc: an area of its own
+
+
+def job_alive(job: str | None) -> bool:
+    """Whether the job that :func:`job_id` named ``job`` still runs on this machine.
+
+    With a start time (``<pid>@<ticks>``), the process ``<pid>`` must have started then (a
+    pid reused by another process is not the job); with a token (no ``/proc``), a process
+    ``<pid>`` must exist. False for None or an unreadable ``job``.
+    """
+    pid_text, _, start = (job or "").partition("@")
+    if not pid_text.isdigit():
+        return False
+    if start.isdigit():
+        try:
+            return _stat(pid_text)[19].decode() == start
+        except (OSError, IndexError, ValueError):
+            return False  # no such process (or no /proc to tell)
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: a pid that exists
+    return True
 
 
 def _own_token() -> str:

@@ -18,6 +18,10 @@ with the sticky bit such as the system's temporary folder
 opened with ``O_NOFOLLOW``:
 
 - ``.users``: every worker inside holds a shared ``flock`` on it;
+- ``.prefetch``: the job (:func:`~shardflow.storage.sharing.areas.job_id`) whose main process
+  fetched the first batches' bytes into the area before its workers started; removed by the
+  first worker to enter. While that job runs, no sweep removes the area, though nobody holds
+  it between the end of those fetches and the workers' arrival;
 - ``.done-<worker>``: made by each worker at the end of its epoch; the worker that
   finds them all (and nobody inside) removes the folder;
 - per shard (``<h>``: a digest of its URL) ``<h>.meta`` (its size and identity,
@@ -25,7 +29,8 @@ opened with ``O_NOFOLLOW``:
   ``<h>.<j>.claim`` (locked by the worker writing block ``j``) and ``<h>.<j>.done``
   (one byte per worker that read past block ``j``).
 
-A folder left by a crashed job (nobody holds its ``.users`` lock) is never read (a
+A folder left by a crashed job (nobody holds its ``.users`` lock, no running job's
+``.prefetch`` in it) is never read (a
 new job has another key) and is removed by the next worker that enters a staging area
 in the same folder, when it is this user's.
 """
@@ -46,7 +51,7 @@ from typing import Any
 from ..errors import UnsafeFolderError
 from ..options import IOOptions
 from ..urls import is_local
-from .areas import check_folder, open_private, private_folder, same_file, staging_base
+from .areas import check_folder, job_alive, open_private, private_folder, same_file, staging_base
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,7 @@ __all__ = ["PREFIX", "StagingScope", "StagedOptions", "scope_of", "unstaged", "e
            "staged_epoch", "staging_for"]
 
 PREFIX = "shardflow-staging-"
+_PREFETCH = ".prefetch"  # in an area the main process fetched into: the job waiting for its workers
 _LEAVE_TRIES = 20  # attempts of the last worker out to find the area unused (others leaving at once)
 _LEAVE_PAUSE = 0.005  # seconds between them
 
@@ -179,6 +185,8 @@ def staged_epoch(items: Iterator[Any], options: IOOptions) -> Iterator[Any]:
 def _staged(items: Iterator[Any], scope: StagingScope) -> Iterator[Any]:
     """``items`` inside ``scope``'s staging area (see :func:`staged_epoch`)."""
     fd = _enter(scope)
+    with contextlib.suppress(OSError):  # held by this worker now: the main process's mark is not needed
+        os.unlink(os.path.join(scope.root, _PREFETCH))
     try:
         yield from items
     finally:  # ended, closed (the batches are all made) or failed: this worker is done with it
@@ -186,12 +194,27 @@ def _staged(items: Iterator[Any], scope: StagingScope) -> Iterator[Any]:
         _leave(scope, fd)
 
 
-def enter_area(scope: StagingScope) -> int:
+def enter_area(scope: StagingScope, job: str) -> int:
     """Hold ``scope``'s area as a user that is not one of its workers (the main process
     fetching the first batches' bytes before its DataLoader workers start): nobody sweeps
     it meanwhile. :func:`let_go` the returned descriptor once those fetches are over (the
-    last worker out removes the area only when nobody else holds it)."""
-    return held_here(_enter(scope))
+    last worker out removes the area only when nobody else holds it).
+
+    The area is marked as awaiting the workers of ``job`` (:func:`~shardflow.storage.sharing.areas.job_id`
+    of this process): no sweep (another rank's or job's worker entering an area of this user)
+    removes the fetched bytes after this hold ends and before the first worker enters.
+    """
+    fd = held_here(_enter(scope))
+    try:
+        mark = open_private(os.path.join(scope.root, _PREFETCH), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    except OSError:
+        let_go(fd)
+        raise
+    try:
+        os.write(mark, job.encode())
+    finally:
+        os.close(mark)
+    return fd
 
 
 def _enter(scope: StagingScope) -> int:
@@ -250,8 +273,8 @@ def _sweep(base: str, keep: str) -> None:
         return
     for name in names:
         root = os.path.join(base, name)
-        if root == keep:
-            continue
+        if root == keep or job_alive(_awaited_by(root)):
+            continue  # its job's main process fetched into it, its workers are still to enter
         try:
             check_folder(root, private=False, what="staging area")  # ours (made 0700 since, 0755 before)
             fd = open_private(os.path.join(root, ".users"), os.O_RDWR)
@@ -268,3 +291,17 @@ def _sweep(base: str, keep: str) -> None:
         finally:
             os.close(fd)
 
+
+
+def _awaited_by(root: str) -> str | None:
+    """The job named by ``root``'s ``.prefetch`` mark, or None (no mark, or unreadable)."""
+    try:
+        fd = open_private(os.path.join(root, _PREFETCH), os.O_RDONLY)
+    except (OSError, UnsafeFolderError):
+        return None
+    try:
+        return os.read(fd, 64).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
