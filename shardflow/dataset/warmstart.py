@@ -80,7 +80,7 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
         for fetch in fetches:
             fetch.opened.wait(max(0.0, until - time.monotonic()))
     finally:
-        threading.Thread(target=_leave_after, args=(fetches, users), name="shardflow-prefetch", daemon=True).start()
+        threading.Thread(target=_leave_after, args=(fetches, scope, users), name="shardflow-prefetch", daemon=True).start()
     log.debug("epoch %d: the first batches' bytes of %d shards requested before the workers start", epoch, len(fetches))
 
 
@@ -100,10 +100,11 @@ def _first_shards(plan: Any, source: Any, batches: int) -> list[int]:
     return out
 
 
-def _leave_after(fetches: list[Any], users: int) -> None:
-    """Let go of the area once the fetches are over (its last worker out removes it)."""
+def _leave_after(fetches: list[Any], scope: Any, users: int) -> None:
+    """Let go of the area once the fetches are over (its last worker out removes it, or this
+    thread when every worker finished first)."""
     try:
         for fetch in fetches:
             fetch.join()
     finally:
-        storage.let_go(users)
+        storage.leave_prefetch(scope, users)

@@ -64,7 +64,7 @@ from .readers import open_regular, regular_fd
 from .backends.redirects import MAX_REDIRECTS, RedirectError
 from .sharing.staged import prefetch
 from .sharing.areas import job_id
-from .sharing.staging import StagedOptions, enter_area, let_go, scope_of, staged_epoch, staging_for
+from .sharing.staging import StagedOptions, enter_area, leave_prefetch, let_go, scope_of, staged_epoch, staging_for
 from .streams import open_chunks
 from .urls import is_local, join_url
 
@@ -112,6 +112,7 @@ __all__ = [
     "staged_epoch",
     "prefetch",
     "enter_area",
+    "leave_prefetch",
     "let_go",
     "staging_for",
     "job_id",

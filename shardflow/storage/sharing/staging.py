@@ -55,7 +55,7 @@ from .areas import check_folder, job_alive, open_private, private_folder, same_f
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PREFIX", "StagingScope", "StagedOptions", "scope_of", "unstaged", "enter_area", "held_here", "let_go",
+__all__ = ["PREFIX", "StagingScope", "StagedOptions", "scope_of", "unstaged", "enter_area", "held_here", "let_go", "leave_prefetch",
            "staged_epoch", "staging_for"]
 
 PREFIX = "shardflow-staging-"
@@ -215,6 +215,14 @@ def enter_area(scope: StagingScope, job: str) -> int:
     finally:
         os.close(mark)
     return fd
+
+
+def leave_prefetch(scope: StagingScope, fd: int) -> None:
+    """Let go of the hold :func:`enter_area` returned, once the main process's fetches are over.
+    When every worker is done already (they can finish first, on a loaded machine or a short
+    epoch), remove the area as the last worker out would have, had this hold not kept it."""
+    _HELD.discard(fd)
+    _leave(scope, fd)
 
 
 def _enter(scope: StagingScope) -> int:
