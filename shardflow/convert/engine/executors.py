@@ -142,7 +142,10 @@ class DaskExecutor(Executor):
 
 
 def run_pickled(task: bytes) -> Any:
-    """Worker: run ``fn(*args)`` of a task :meth:`LocalExecutor.submit` pickled."""
+    """Worker: run ``fn(*args)`` of a task :meth:`LocalExecutor.submit` pickled: bytes made by
+    the converting process for its own worker, as ``ProcessPoolExecutor`` would send them (the
+    user's build function and inputs, trusted as docs/security.md says), never data read from a
+    source or a shard."""
     fn, args = pickle.loads(task)
     return fn(*args)
 
