@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import shardflow
-from shardflow import IndexedShardDataset, ShardDataset, ShardWriter
+from shardflow import IndexedShardDataset, ShardDataset, ShardWriter, ShuffleConfig
 from shardflow.format.frames import FRAME_BYTES, FRAME_CAP, FrameTable, FrameTableError
 from shardflow.format.limits import Limits
 from shardflow.loading.shardloader import loader as make_loader
@@ -169,7 +169,9 @@ def test_same_shuffled_epoch_as_the_plain_shards(pair: tuple[Path, Path], worker
     plain, packed = pair
 
     def epoch(folder: Path, e: int) -> list[Any]:
-        ds = ShardDataset(folder, shuffle=True, seed=7, decode=None)
+        # the interleaved shuffle (window 0): the window shuffle reads plain local .tar shards
+        # one sample at a time, and .tar.zst ones keep the interleave (docs/distributed.md)
+        ds = ShardDataset(folder, shuffle=ShuffleConfig(window=0), seed=7, decode=None)
         ds.set_epoch(e)
         ld = make_loader(ds, batch_size=16, num_workers=workers, timeout=TIMEOUT if workers else 0)
         return [(b["__key__"], b["jpg"]) for b in ld]
@@ -227,7 +229,7 @@ def test_resume_exact_and_equal_to_the_plain_epoch(pair: tuple[Path, Path]) -> N
 
     def maker(folder: Path) -> Any:
         def make() -> Any:
-            ds = ShardDataset(folder, shuffle=True, seed=1, decode=None)
+            ds = ShardDataset(folder, shuffle=ShuffleConfig(window=0), seed=1, decode=None)  # as above: the interleave on both
             return make_loader(ds, batch_size=8, num_workers=2, timeout=TIMEOUT)
         return make
 
