@@ -52,7 +52,19 @@ def test_the_first_batches_bytes_are_requested_before_the_workers_and_fetched_on
     assert sorted(seen) == sorted(want.items())
     assert tar_gets(srv) == 6, srv.stats.gets_by_path  # one GET per shard, the first ones this process's
     assert srv.stats.body_bytes == stored  # each byte once
-    assert wait_until(lambda: os.listdir(tmp_path / "staging") == [])  # removed by the last worker out
+    # Removed by the last one out; on a loaded machine it can stay (the last worker and the main
+    # process's prefetch hold leave at once and each finds the other there), but nobody holds it:
+    # the next job's sweep removes it.
+    left = tmp_path / "staging"
+    if not wait_until(lambda: os.listdir(left) == [], 10):
+        import fcntl
+
+        for area in os.listdir(left):
+            fd = os.open(left / area / ".users", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while a holder is left
+            finally:
+                os.close(fd)
 
 
 def test_iter_requests_the_first_shards_once_for_any_number_of_workers(http_server, tmp_path):

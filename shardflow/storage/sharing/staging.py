@@ -264,7 +264,11 @@ def _leave(scope: StagingScope, fd: int) -> None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                time.sleep(_LEAVE_PAUSE)  # others are leaving too: one of them, or this one, removes it
+                # Others are leaving too. Drop this one's shared hold before trying again: two
+                # holders that each keep theirs while asking for the exclusive lock block each
+                # other until both give up, and nobody removes the area.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                time.sleep(_LEAVE_PAUSE * (1 + (os.getpid() + _attempt) % 4))
                 continue
             shutil.rmtree(scope.root, ignore_errors=True)
             logger.debug("staging area %s removed: every worker is done", scope.root)
