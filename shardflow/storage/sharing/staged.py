@@ -391,8 +391,11 @@ class _Reader:
         self.fd, self.block = -1, -1
 
     def _raise_failed(self, j: int) -> None:
+        # a fetch's error is set before its claims are let go, so it is raised here even while
+        # the thread still ends: waiting for it to end let this reader claim the freed block and
+        # fetch it again (a second request that fails the same way, on a full disk)
         for f in self.fetches:
-            if f.error is not None and f.covers(j) and not f.is_alive():
+            if f.error is not None and f.covers(j):
                 raise f.error
 
     def fetch(self, j: int, pos: int) -> bool:
