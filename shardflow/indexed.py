@@ -121,7 +121,9 @@ class IndexedShardDataset(Dataset):
             transform that raises makes a bad sample (reason ``"transform"``).
         on_error: ``"raise"`` (default), ``"skip"`` or ``"warn"`` (see above and
             :class:`~shardflow.policy.ErrorPolicy`).
-        storage_options: passed to fsspec (credentials, endpoint, ...).
+        storage_options: fsspec options (credentials, endpoint, ...): a shortcut that
+            stays, equal to ``io=IOOptions(storage_options=...)``; ``ValueError`` when
+            ``io`` is given too (the options live in one place).
         max_open: shards whose offset index (and local file descriptor) stay
             cached, least recently used evicted.
         io: retries and storage options, a :class:`~shardflow.storage.IOOptions`

@@ -89,9 +89,13 @@ class ShardDataset(IterableDataset):
         rank: this process's rank; default detected (``torch.distributed``,
             else ``RANK``/``WORLD_SIZE``, else 0).
         world_size: number of ranks; give with ``rank``.
-        storage_options: passed to fsspec (credentials, endpoint, ...).
+        storage_options: fsspec options (credentials, endpoint, ...): a shortcut that
+            stays, equal to ``io=IOOptions(storage_options=...)``; ``ValueError`` when
+            ``io`` is given too (the options live in one place).
         io: retries, read-ahead and cache; a :class:`~shardflow.storage.IOOptions`.
-        max_pixels: image decompression-bomb limit in pixels (per dataset).
+        max_pixels: image decompression-bomb limit in pixels (per dataset): a shortcut
+            that stays, equal to ``decode=DecodeOptions(max_pixels=...)`` and applied over
+            a ``DecodeOptions`` given (``ds.decode.max_pixels`` is the setting in force).
         expand: one-to-many samples (:mod:`shardflow.expand`): each stored
             sample becomes ``expand.count`` items before the shuffle buffer;
             lengths, splits and resumption count items.
