@@ -288,8 +288,8 @@ def test_sparse_remote_reads_read_through_instead_of_a_request_per_gap(http_serv
     positions = np.arange(len(plan.read_sample))
     sparse = positions[positions % 25 == 0]  # 8 samples, 24 unneeded between each
     local = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=7, shuffle=False)
-    assert len(plan_runs(local.plan(0), sparse, local.source, 1)[0]) == len(sparse)  # a seek per sample
-    assert len(plan_runs(plan, sparse, ds.source, 1)[0]) <= 2  # one run per shard
+    assert len(plan_runs(local.plan(0), sparse, local.shards, 1)[0]) == len(sparse)  # a seek per sample
+    assert len(plan_runs(plan, sparse, ds.shards, 1)[0]) <= 2  # one run per shard
     # and reading a rank's share remotely: one GET per shard part, the right samples
     srv.reset_stats()
     assert got(ds) == got(local) and len(got(local)) == 29  # 200 samples over 7 ranks, padded
