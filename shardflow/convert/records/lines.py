@@ -18,8 +18,8 @@ JSON-lines mode, does not parse) stops the conversion with an error naming the
 line number.
 
 Empty lines: in text mode an empty line is kept as a sample with an empty
-``txt``, so sample ``i`` (0-based, in stream order) is always line ``i + 1`` of
-the file, which is what a line-offset text dataset expects. In JSON-lines mode
+``txt``, so (in the walk order, text mode's default) sample ``i`` (0-based, in stream order) is
+always line ``i + 1`` of the file, which is what a line-offset text dataset expects. In JSON-lines mode
 lines holding only whitespace are skipped (JSON Lines has no empty value); the
 keys keep the file's line numbers, so a skipped line shows as a gap.
 
@@ -33,15 +33,18 @@ twice, would not work for compressed files, and saves only the pickling of text
 that the workers have to read anyway. Since the descriptor hash covers the
 lines' bytes, a resumed run keeps exactly the shards whose lines are unchanged.
 
-Order. A stream allows no permutation of the whole file, so by default (``order="shuffled"``)
-the lines go through a seeded window shuffle of ``window`` lines
+Order. A stream allows no permutation of the whole file, so ``order="shuffled"`` (the default
+in JSON-lines mode, where each line is a record and a file sorted by label is common) puts the
+lines through a seeded window shuffle of ``window`` lines
 (:func:`~shardflow.convert.engine.mixorder.window_shuffled`, default
 :data:`~shardflow.convert.engine.mixorder.DEFAULT_WINDOW`, 16,384): a line is written less than
 ``window`` positions after its place in the file, never before, and the lines of any stretch of
 ``window`` are shuffled together, within and across shards. Memory: at most ``window`` lines
 held by the shuffle (16 MiB at 1 KiB a line), on top of the lines of the shards in flight. A file
 sorted on a longer scale than the window stays sorted on that scale: shuffle it beforehand, or
-raise ``window``. ``order="walk"`` writes the lines as they come. Keys stay the line numbers;
+raise ``window``. ``order="walk"`` (the default in text mode: the lines of a text are often the
+sentences or paragraphs of a document, their order part of it, and sample ``i`` is line ``i + 1``
+only in this order) writes the lines as they come. Keys stay the line numbers;
 ``meta`` records ``order``, ``order_seed`` and ``order_window``. The same file, seed and window
 give the same shards, so a re-run resumes.
 
@@ -160,7 +163,7 @@ def convert_lines(
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
     client: Any = None,
-    order: str = DEFAULT_ORDER,
+    order: str | None = None,
     seed: int = 0,
     window: int = DEFAULT_WINDOW,
 ) -> Manifest:
@@ -184,8 +187,9 @@ def convert_lines(
         client: a ``dask.distributed.Client``: write the shards as tasks on its
             cluster (its workers must reach the source and ``dst``); None: local
             processes.
-        order, seed, window: ``"shuffled"`` (default: a seeded window shuffle of ``window``
-            lines, see the module docstring) or ``"walk"`` (the file's order).
+        order, seed, window: ``"shuffled"`` (a seeded window shuffle of ``window`` lines, see
+            the module docstring) or ``"walk"`` (the file's order); None: shuffled in
+            JSON-lines mode, walk in text mode.
 
     Returns:
         The manifest; its ``meta`` holds ``source``, ``field``, ``compression``,
@@ -199,7 +203,8 @@ def convert_lines(
         ShardFormatError: corrupt or truncated compressed data.
         ValueError: an unknown ``order``, ``window < 1``.
     """
-    check_order(order)
+    if order is not None:
+        check_order(order)
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     src = os.fspath(src)
@@ -209,6 +214,7 @@ def convert_lines(
     if json_lines is None:
         json_lines = _is_json_name(src)
     field = "json" if json_lines else "txt"
+    order = order or (DEFAULT_ORDER if json_lines else "walk")
     counts = {"lines": 0, "samples": 0}
 
     def descriptors() -> Iterator[tuple[int, bytes]]:
