@@ -30,3 +30,16 @@ def reference_window(n: int, window: int, seed: int = 0) -> list[int]:
     raw = np.random.PCG64(order_seed(seed)).random_raw(n)
     keys = [j + window * (float(int(raw[j]) >> 11) * 2.0**-53) for j in range(n)]
     return sorted(range(n), key=lambda j: (keys[j], j))
+
+
+def reference_parquet(group_rows: list[int], max_count: int, seed: int = 0) -> list[int]:
+    """``convert parquet``'s shuffled order, as row numbers over the files in order: the row
+    groups (``group_rows[g]`` rows each, in file order) permuted, their rows cut into shards of
+    ``max_count``, each shard's rows permuted."""
+    firsts = [sum(group_rows[:g]) for g in range(len(group_rows))]
+    rows = [firsts[g] + j for g in reference_permutation(len(group_rows), seed) for j in range(group_rows[g])]
+    out: list[int] = []
+    for a in range(0, len(rows), max_count):
+        shard = rows[a : a + max_count]
+        out += [shard[i] for i in reference_permutation(len(shard), seed)]
+    return out
