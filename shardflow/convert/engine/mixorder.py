@@ -26,8 +26,8 @@ generator of graphs), is shuffled within a window instead (:func:`window_shuffle
 rule as the reader's window shuffle, :mod:`shardflow.planning.window`, without its wrap-around):
 stream position ``j`` gets the key ``j + window * u_j``, ``u_j = (raw_j >> 11) * 2**-53`` where
 ``raw_j`` is the ``j``-th raw output of the same PCG64 stream, and the inputs leave in key order
-(ties by position). An input therefore leaves less than ``window`` positions after it came, never
-before, and the inputs of any stretch of ``window`` positions are shuffled together. It needs no
+(ties by position). An input therefore moves by less than ``window`` positions, either way (its
+key lies in ``[j, j + window)``), and the inputs of any stretch of ``window`` positions are shuffled together. It needs no
 length: an input leaves as soon as no later one can come before it, so at most ``window`` inputs
 are held at once (plus :data:`DRAW_CHUNK` draws), whatever the stream's length.
 """

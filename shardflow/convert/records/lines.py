@@ -37,8 +37,8 @@ Order. A stream allows no permutation of the whole file, so ``order="shuffled"``
 in JSON-lines mode, where each line is a record and a file sorted by label is common) puts the
 lines through a seeded window shuffle of ``window`` lines
 (:func:`~shardflow.convert.engine.mixorder.window_shuffled`, default
-:data:`~shardflow.convert.engine.mixorder.DEFAULT_WINDOW`, 16,384): a line is written less than
-``window`` positions after its place in the file, never before, and the lines of any stretch of
+:data:`~shardflow.convert.engine.mixorder.DEFAULT_WINDOW`, 16,384): a line moves by less than
+``window`` positions from its place in the file, either way, and the lines of any stretch of
 ``window`` are shuffled together, within and across shards. Memory: at most ``window`` lines
 held by the shuffle (16 MiB at 1 KiB a line), on top of the lines of the shards in flight. A file
 sorted on a longer scale than the window stays sorted on that scale: shuffle it beforehand, or
