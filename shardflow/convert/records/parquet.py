@@ -34,12 +34,9 @@ one large row group). A row group that two shards share is read by both. A
 re-run keeps the finished shards whose pieces, file sizes and modification
 times (ETags remotely) are unchanged.
 
-Order: by default a seeded shuffle (``order="shuffled"``), so that files sorted by label (a
-split written class by class) give shards that mix the classes: row groups in a seeded
-permutation, then each shard's rows in one (:mod:`shardflow.convert.records.parquetorder`, which
-states the memory: one shard's rows of the selected columns per worker, instead of one row
-group). ``order="walk"`` writes the rows in the order of the files, as above. Keys stay the row
-numbers; ``meta`` records ``order`` and ``order_seed``.
+Order: by default a seeded shuffle, row groups then each shard's rows (``order="shuffled"``,
+:mod:`shardflow.convert.records.parquetorder`: its memory is one shard's rows per worker);
+``order="walk"``: the files' order. Keys stay the row numbers; ``meta`` records ``order``, ``order_seed``.
 """
 
 from __future__ import annotations
@@ -64,7 +61,7 @@ from ..engine.engine import ConvertOptions, run_conversion
 from ..engine.mixorder import DEFAULT_ORDER, check_order, input_order, order_meta
 from .hflayout import check_layout
 from .imagepaths import check_images_root, read_image_path
-from .parquetorder import OrderedPiece, RowGroup, shuffled_inputs
+from .parquetorder import OrderedPiece, RowGroup, cut_inputs, shuffled_inputs
 
 __all__ = ["convert_parquet", "parquet_files", "count_rows", "BATCH_ROWS", "READ_BUFFER"]
 
@@ -197,23 +194,6 @@ class _Listing:
                 yield url, version, g, n, row
                 row += n
 
-    def inputs(self) -> Iterator[tuple[int, tuple[Piece, ...]]]:
-        """The walk's inputs: ``max_count`` consecutive rows each."""
-        pieces: list[Piece] = []
-        first = total = 0
-        for url, version, g, n, _ in self.groups():
-            start = 0
-            while start < n:
-                take = min(n - start, self.max_count - (total - first))
-                pieces.append((url, version, g, n, start, start + take))
-                start += take
-                total += take
-                if total - first == self.max_count:
-                    yield first, tuple(pieces)
-                    pieces, first = [], total
-        if pieces:
-            yield first, tuple(pieces)
-
     def _check(self, url: str, schema: Any) -> None:
         """Every file holds the planned columns, of the same kinds and class names as the first."""
         from .columns import class_names, column_kind
@@ -256,10 +236,9 @@ def _build(inputs: list[tuple[int, tuple[Piece, ...]]], ctx: _Context) -> Iterat
 
 
 def _build_shuffled(inputs: list[tuple[int, tuple[OrderedPiece, ...]]], ctx: _Context) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Worker: read each shard's pieces (row group by row group, each turned into Python values
-    at once), then yield its rows in ``input_order(rows, seed)``
+    """Worker: read each shard's pieces (as the walk does, batch by batch, each turned into
+    Python values at once), then yield its rows in ``input_order(rows, seed)``
     (:mod:`shardflow.convert.records.parquetorder`)."""
-    names = [c.name for c in ctx.columns]
     with contextlib.ExitStack() as stack:
         opened: tuple[str, Any] | None = None
         for _, pieces in inputs:
@@ -268,12 +247,10 @@ def _build_shuffled(inputs: list[tuple[int, tuple[OrderedPiece, ...]]], ctx: _Co
                 if opened is None or opened[0] != url:
                     stack.close()
                     opened = (url, stack.enter_context(_open(url, ctx.io)))
-                _check_group(opened[1], url, group, n)
-                table = opened[1].read_row_group(group, columns=names, use_threads=False).slice(start, end - start)
-                values = [_values(table.column(i).combine_chunks(), c) for i, c in enumerate(ctx.columns)]
-                del table
-                rows += [(row + j, url, group, start + j, [v[j] for v in values]) for j in range(end - start)]
-                del values
+                for batch, at in _piece_batches(opened[1], ctx.columns, url, group, n, start, end):
+                    values = [_values(batch.column(i), c) for i, c in enumerate(ctx.columns)]
+                    first = row + at - start
+                    rows += [(first + j, url, group, at + j, [v[j] for v in values]) for j in range(batch.num_rows)]
             for i in input_order(len(rows), int(ctx.seed or 0)):
                 number, url, group, at, row_values = rows[int(i)]
                 key = f"{number:0{_KEY_WIDTH}d}"
@@ -289,14 +266,22 @@ def _check_group(f: Any, url: str, group: int, rows: int) -> None:
 def _read_piece(f: Any, columns: Sequence[Column], row: int, url: str, group: int, rows: int, start: int,
                 end: int, images_root: str | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
     """The samples of rows ``start:end`` of one row group, ``row`` being the first one's number."""
+    for batch, at in _piece_batches(f, columns, url, group, rows, start, end):
+        yield from _samples(batch, columns, row, url, group, at, images_root)
+        row += batch.num_rows
+
+
+def _piece_batches(f: Any, columns: Sequence[Column], url: str, group: int, rows: int, start: int,
+                   end: int) -> Iterator[tuple[Any, int]]:  # fmt: skip
+    """Rows ``start:end`` of one row group, :data:`BATCH_ROWS` at a time: ``(batch, its first row
+    in the row group)``."""
     _check_group(f, url, group, rows)
     at = 0
     names = [c.name for c in columns]
     for batch in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=names, use_threads=False):
         lo, hi = max(start - at, 0), min(end - at, batch.num_rows)
         if lo < hi:
-            yield from _samples(batch.slice(lo, hi - lo), columns, row, url, group, at + lo, images_root)
-            row += hi - lo
+            yield batch.slice(lo, hi - lo), at + lo
         at += batch.num_rows
         if at >= end:
             return
@@ -419,7 +404,10 @@ def convert_parquet(
         options = dataclasses.replace(options, group_size=1)  # each input is one shard's rows
     listing = _Listing(files, plan, io, options.max_count)
     meta = {**_meta(src, files, plan), **order_meta(order, seed)}
-    inputs = listing.inputs() if order == "walk" else shuffled_inputs(listing.groups(), options.max_count, int(seed))
+    if order == "walk":
+        inputs = cut_inputs(listing.groups(), options.max_count, numbered=False)
+    else:
+        inputs = shuffled_inputs(listing.groups(), options.max_count, int(seed))
     return run_conversion(
         dst,
         inputs,

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..engine.mixorder import PackedInputs, input_order
 
-__all__ = ["RowGroup", "OrderedPiece", "shuffled_inputs"]
+__all__ = ["RowGroup", "OrderedPiece", "cut_inputs", "shuffled_inputs"]
 
 RowGroup = tuple[str, Any, int, int, int]
 """A row group: (file URL, file version, row group number, its rows, the number of its first row
@@ -41,19 +41,26 @@ in the row group, the number of its first row over the files)."""
 
 
 def shuffled_inputs(groups: Iterable[RowGroup], max_count: int, seed: int) -> Iterator[tuple[int, tuple[OrderedPiece, ...]]]:
-    """The inputs of a shuffled conversion: ``(position of the input's first row, its pieces)``,
-    ``max_count`` rows each (the last one fewer), the row groups in the seeded permutation."""
+    """The inputs of a shuffled conversion: :func:`cut_inputs` of the row groups in the seeded
+    permutation, each piece with the number of its first row."""
     packed = PackedInputs()
     for group in groups:
         packed.add(group)
-    pieces: list[OrderedPiece] = []
+    return cut_inputs((packed[int(i)] for i in input_order(len(packed), seed)), max_count, numbered=True)
+
+
+def cut_inputs(groups: Iterable[RowGroup], max_count: int, *, numbered: bool) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """Row groups cut into inputs of ``max_count`` rows (the last one fewer): ``(position of the
+    input's first row, its pieces)``, a piece ``(file, version, row group, its rows, first row, end
+    row)`` plus, ``numbered``, the number of its first row over the files."""
+    pieces: list[Any] = []
     first = total = 0
-    for i in input_order(len(packed), seed):
-        url, version, g, n, row = packed[int(i)]
+    for url, version, g, n, row in groups:
         start = 0
         while start < n:
             take = min(n - start, max_count - (total - first))
-            pieces.append((url, version, g, n, start, start + take, row + start))
+            piece = (url, version, g, n, start, start + take)
+            pieces.append((*piece, row + start) if numbered else piece)
             start += take
             total += take
             if total - first == max_count:
