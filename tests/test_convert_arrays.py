@@ -275,8 +275,8 @@ def test_default_chunk_is_shared_by_the_workers(tmp_path, monkeypatch):
     assert arrays.DEFAULT_MEMORY_BYTES == 32 << 20
     assert [arrays.default_chunk_rows(spec, w) for w in (1, 2, 3, 64)] == [32, 16, 10, 1]
     reads: list[int] = []
-    real = RowReader.rows
-    monkeypatch.setattr(RowReader, "rows", lambda self, rows: reads.append(len(rows)) or real(self, rows))
+    real = RowReader.take
+    monkeypatch.setattr(RowReader, "take", lambda self, rows: reads.append(len(rows)) or real(self, rows))
     m = convert_arrays(tmp_path / "x.npy", str(tmp_path / "out"), options=ConvertOptions(max_count=50, workers=1))
     assert m.num_samples == 70 and reads == [32, 18, 20]  # shard 0: 50 rows, shard 1: 20 rows
     import shardflow

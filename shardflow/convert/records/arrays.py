@@ -20,7 +20,7 @@ an array stored class after class gives shards that mix the classes; ``order="wa
 0, 1, 2, ... Keys stay the row numbers either way; ``meta`` records ``order`` and ``order_seed``.
 Memory of the shuffle: the permutation, 8 bytes per row (24 while it is computed: 240 MB at 10
 million rows), in this process; a worker reads a chunk's rows sorted and puts them back in order
-(:meth:`~shardflow.convert.records.arraysource.RowReader.rows`: the chunk, twice at most). Reads
+(:meth:`~shardflow.convert.records.arraysource.RowReader.take`: the chunk, once). Reads
 are row by row in random places: from a memory-mapped file the page cache serves them; an HDF5
 chunk or a compressed ``.npz`` member is decompressed once per chunk of rows that touches it.
 
@@ -92,11 +92,11 @@ def _build(descriptors: list[tuple[str, int]], ctx: _Context) -> Iterator[tuple[
         labels = stack.enter_context(RowReader(ctx.labels)) if ctx.labels is not None else None
         for at in range(0, len(rows), ctx.chunk_rows):
             part = rows[at : at + ctx.chunk_rows]
-            block = data.rows(part)
+            block, where = data.take(part)  # row part[j] at block[where[j]]
             lab = labels.rows(part) if labels is not None else None
             for j, row in enumerate(part):
                 key = f"{row:0{_KEY_WIDTH}d}"
-                fields = {ctx.field: encode_field(key, ctx.field, block[j])}
+                fields = {ctx.field: encode_field(key, ctx.field, block[where[j]])}
                 if lab is not None and ctx.label_field is not None:
                     value = int(lab[j]) if ctx.label_field == "cls" else lab[j]
                     fields[ctx.label_field] = encode_field(key, ctx.label_field, value)

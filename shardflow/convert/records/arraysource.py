@@ -21,11 +21,11 @@ the source size. How rows are read, per source:
   straight into the chunk's array (``Dataset.read_direct``), so only the HDF5
   chunks that hold those rows are read and decompressed.
 
-Rows in any order (:meth:`RowReader.rows`, a shuffled conversion's chunk): sorted first, then
+Rows in any order (:meth:`RowReader.take`, a shuffled conversion's chunk): sorted first, then
 taken through a fresh map per :data:`_MAP_PIECE` bytes of rows (``.npy``, stored ``.npz``), or
 read run by run of consecutive rows in ascending order (HDF5: one ``read_direct`` per run; a
-compressed ``.npz`` member: one forward pass over the member per chunk), and put back in the
-order asked. Memory: the chunk, twice at most while it is put in order.
+compressed ``.npz`` member: one forward pass over the member per chunk). They stay sorted, with
+where each asked row is, so memory holds the chunk once, as for a range.
 """
 
 from __future__ import annotations
@@ -300,27 +300,67 @@ class RowReader:
 
     def rows(self, rows: list[int]) -> np.ndarray:
         """Rows ``rows`` (any order, no repeats) as one C-contiguous array, in that order:
-        shape ``(len(rows), *row_shape)``.
+        shape ``(len(rows), *row_shape)`` (a copy of :meth:`take`'s block).
 
         Raises:
             IndexError: a row outside the array.
         """
-        if not rows:
-            return np.empty((0, *self.spec.row_shape), dtype=self.spec.dtype)
-        if rows[-1] - rows[0] == len(rows) - 1 and all(b == a + 1 for a, b in zip(rows, rows[1:])):
-            return self.read(rows[0], rows[-1] + 1)  # consecutive: one range
+        block, where = self.take(rows)
+        return np.ascontiguousarray(block[where])
+
+    def take(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``rows`` (any order, no repeats) read in ascending order: ``(block, where)``,
+        ``block`` C-contiguous of shape ``(len(rows), *row_shape)``, row ``rows[j]`` at
+        ``block[where[j]]`` (``where`` int64, shape ``(len(rows),)``).
+
+        Raises:
+            IndexError: a row outside the array.
+        """
+        n = len(rows)
+        if n and rows[-1] - rows[0] == n - 1 and all(b == a + 1 for a, b in zip(rows, rows[1:])):
+            return self.read(rows[0], rows[-1] + 1), np.arange(n, dtype=np.int64)  # consecutive: one range
         want = np.asarray(rows, dtype=np.int64)
         by_row = np.argsort(want, kind="stable")
         ordered = want[by_row]
-        if ordered[0] < 0 or ordered[-1] >= self.spec.rows:
+        if n and (ordered[0] < 0 or ordered[-1] >= self.spec.rows):
             raise IndexError(f"{self.spec.describe()}: rows {rows[:5]}... outside 0..{self.spec.rows}")
+        where = np.empty(n, dtype=np.int64)
+        where[by_row] = np.arange(n, dtype=np.int64)
+        if not n:
+            return np.empty((0, *self.spec.row_shape), dtype=self.spec.dtype), where
         if self.spec.kind == "npy" or (self.spec.kind == "npz" and not self.spec.compressed):
-            got = self._take_mapped(ordered)
-        else:
-            cuts = np.flatnonzero(np.diff(ordered) != 1) + 1
-            got = np.concatenate([self.read(int(run[0]), int(run[-1]) + 1) for run in np.split(ordered, cuts)])
-        out = np.empty_like(got)
-        out[by_row] = got
+            return (self._take_mapped(ordered) if self.spec.fortran else self._take_read(ordered)), where
+        out = np.empty((n, *self.spec.row_shape), dtype=self.spec.dtype)
+        at = 0
+        for run in np.split(ordered, np.flatnonzero(np.diff(ordered) != 1) + 1):
+            out[at : at + len(run)] = self.read(int(run[0]), int(run[-1]) + 1)
+            at += len(run)
+        return out, where
+
+    def _take_read(self, ordered: np.ndarray) -> np.ndarray:
+        """Sorted rows of a C-ordered ``.npy`` or stored ``.npz`` member, each run of consecutive
+        rows read with one ``preadv`` straight into the block: no mapped pages to count (a map
+        would fault in pages around every scattered row)."""
+        spec = self.spec
+        out = np.empty((len(ordered), *spec.row_shape), dtype=spec.dtype)
+        row = spec.row_bytes
+        if not row:
+            return out
+        raw = out.reshape(-1).view(np.uint8)
+        with open(spec.path, "rb", buffering=0) as f:
+            offset = spec.offset
+            if spec.kind == "npy":
+                _npy_header(f, spec.describe())
+                offset = f.tell()
+            at = 0
+            for run in np.split(ordered, np.flatnonzero(np.diff(ordered) != 1) + 1):
+                view, pos = memoryview(raw[at * row : (at + len(run)) * row]), offset + int(run[0]) * row
+                while len(view):
+                    got = os.preadv(f.fileno(), [view], pos)
+                    if not got:
+                        raise ConversionError(f"{spec.describe()}: the file ends inside row {int(run[0])}")
+                    view, pos = view[got:], pos + got
+                at += len(run)
         return out
 
     def _take_mapped(self, ordered: np.ndarray) -> np.ndarray:
