@@ -6,7 +6,8 @@ read-only and without its lock file (``lmdb.open(readonly=True, lock=False)``),
 so a read-only copy works and nothing is written there; it must not be written
 to while the conversion runs. Only the main (unnamed) database is read.
 
-Samples, in a seeded shuffle of the keys or in key order (LMDB's byte order; see Order below). Each value becomes one field,
+Samples, in a seeded shuffle of the keys or in key order (LMDB's byte order; see Order
+below). Each value becomes one field,
 its bytes unchanged: named from the content by magic bytes (JPEG ``jpg``, PNG
 ``png``, WebP ``webp``, GIF ``gif``, TIFF ``tif``, BMP ``bmp``, a ``.npy`` array
 ``npy``; see :mod:`shardflow.convert.records.content`) or, for every value, ``field``
