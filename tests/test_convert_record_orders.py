@@ -245,3 +245,23 @@ def test_the_window_shuffle_holds_at_most_window_inputs(window: int) -> None:
         in_window_order(iter(()), "sorted", 0)
     with pytest.raises(ValueError, match="window must be >= 1"):
         list(window_shuffled(iter(()), 0, 0))
+
+
+def test_the_cli_passes_order_seed_and_window(tmp_path: Path) -> None:
+    """``--order``, ``--seed`` and (lines) ``--window`` reach the converters; text lines keep the
+    file's order unless asked, JSON lines are window-shuffled."""
+    from shardflow.cli import main
+
+    src = make_lines(tmp_path)
+    common = ["--max-count", str(MAX_COUNT), "--workers", "1"]
+    assert main(["convert", "lines", src, str(tmp_path / "j"), "--seed", "3", "--window", "7", *common]) == 0
+    meta = json.loads((tmp_path / "j" / "shardflow.json").read_text())["meta"]
+    assert (meta["order"], meta["order_seed"], meta["order_window"]) == ("shuffled", 3, 7)
+    assert [k for k, _ in samples(tmp_path / "j")] == [CASES["lines"].walk_keys[i] for i in reference_window(N, 7, 3)]
+    assert main(["convert", "lines", src, str(tmp_path / "t"), "--text", *common]) == 0
+    assert [k for k, _ in samples(tmp_path / "t")] == CASES["lines"].walk_keys
+    arrays = make_arrays(tmp_path)
+    assert main(["convert", "arrays", arrays, str(tmp_path / "a"), "--order", "walk", *common]) == 0
+    assert [k for k, _ in samples(tmp_path / "a")] == CASES["arrays"].walk_keys
+    assert main(["convert", "arrays", arrays, str(tmp_path / "b"), "--seed", "2", *common]) == 0
+    assert [k for k, _ in samples(tmp_path / "b")] == [f"{i:09d}" for i in reference_permutation(N, 2)]
