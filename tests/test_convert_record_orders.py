@@ -201,7 +201,7 @@ def checkpoint(point):
             os._exit(9)
 destination.checkpoint = checkpoint
 from tests.test_convert_record_orders import CASES
-CASES[sys.argv[1]].run(sys.argv[2], sys.argv[3])
+CASES[sys.argv[1]].run(sys.argv[2], sys.argv[3], order="shuffled")
 """
 
 
@@ -209,13 +209,14 @@ CASES[sys.argv[1]].run(sys.argv[2], sys.argv[3])
 def test_a_killed_shuffled_conversion_resumes_byte_identical(name: str, tmp_path: Path) -> None:
     case = CASES[name]
     src = case.make(tmp_path)
-    case.run(src, str(tmp_path / "clean"))
+    clean = case.run(src, str(tmp_path / "clean"), order="shuffled")
+    assert clean.meta["order"] == "shuffled"
     dst = tmp_path / "killed"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_KILLED), name, src, str(dst)], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 9, proc.stderr  # killed in its fourth shard's commit: some shards done, not all
     assert 1 <= len(list(dst.glob("*.tar"))) < len(list((tmp_path / "clean").glob("*.tar")))
-    case.run(src, str(dst))  # no overwrite: it resumes (what a record lists is kept, the rest rewritten)
+    case.run(src, str(dst), order="shuffled")  # no overwrite: it resumes (a record's shards kept, the rest rewritten)
     assert {p.name: p.read_bytes() for p in sorted(dst.iterdir())} == {
         p.name: p.read_bytes() for p in sorted((tmp_path / "clean").iterdir())}
 
