@@ -42,17 +42,20 @@ class _Shards:
         self._source, self._offsets = source, offsets
         self._fds: OrderedDict[int, int] = OrderedDict()
 
-    def read(self, shard: int, sample: int) -> tuple[bytes, int, int]:
-        """The bytes of one sample and their ``[lo, hi)`` in the shard."""
+    def span(self, shard: int, sample: int) -> tuple[int, int]:
+        """``[lo, hi)`` of one sample in its shard (its offset index's entries)."""
         index = self._offsets(shard)
-        url = self._source.urls[shard]
         if index is None:  # pragma: no cover - a scattered plan is made only for indexed shards
+            url = self._source.urls[shard]
             raise ManifestError(f"{url}: no offset index to read sample {sample} by", reason="missing_index")
-        lo, hi = int(index[sample]), int(index[sample + 1])
-        data = os.pread(self._fd(shard), hi - lo, lo)
-        if len(data) != hi - lo:
-            raise TruncatedShardError(f"{url}: shard ended before sample {sample} (bytes [{lo}, {hi}))")
-        return data, lo, hi
+        return int(index[sample]), int(index[sample + 1])
+
+    def read_into(self, shard: int, sample: int, lo: int, view: memoryview) -> None:
+        """Fill ``view`` with the shard's bytes from ``lo`` on (sample ``sample``'s, for the error)."""
+        got = os.preadv(self._fd(shard), [view], lo)
+        if got != len(view):
+            raise TruncatedShardError(f"{self._source.urls[shard]}: shard ended before sample {sample} (bytes "
+                                      f"[{lo}, {lo + len(view)}))")  # fmt: skip
 
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
@@ -106,6 +109,37 @@ def _block(reads: list[tuple[bytes, int, int]], urls: list[str], io: storage.IOO
     return [_one(d, lo, hi, u, io, policy) for (d, lo, hi), u in zip(reads, urls)]
 
 
+def _read_in_place(block: bytearray, reads: list[tuple[int, int, int]], urls: list[str], io: storage.IOOptions,
+                   policy: ErrorPolicy) -> list[Any]:
+    """The samples of a block read into ``block`` (``reads``: ``(position in block, lo, hi)``
+    each, one after another from 0), parsed where they lie: their fields are the one copy
+    made of them (no per-sample ``bytes`` read, no joined copy of the block). Anything but
+    the clean case (a sample that is not one whole sample of plain members, the general
+    tar path, an error) goes to :func:`_block` on copies of the reads, which decides as
+    it always did."""
+    end = reads[-1][0] + reads[-1][2] - reads[-1][1]
+    starts = np.array([p for p, _, _ in reads] + [end], dtype=np.int64)
+    try:
+        found = list(iter_samples([block], "scattered", 0, end=end, sample_errors="yield", limits=io.limits,
+                                  starts=starts, walk_starts=starts))  # fmt: skip
+        if len(found) == len(reads) and all(type(f) is dict and all(type(v) is bytes for v in f.values())
+                                            for _, _, f in found):
+            return [raw_sample(k, u, f) for (k, _, f), u in zip(found, urls)]
+    except Exception:  # noqa: BLE001 - decided below, on bytes, exactly as before
+        pass
+    view = memoryview(block)
+    return _block([(bytes(view[p : p + hi - lo]), lo, hi) for p, lo, hi in reads], urls, io, policy)
+
+
+def _grown(block: bytearray, used: int, need: int) -> bytearray:
+    """``block``, or a larger one holding its first ``used`` bytes, with room for ``need`` bytes."""
+    if need <= len(block):
+        return block
+    bigger = bytearray(max(need, 2 * len(block), 1 << 20))
+    bigger[:used] = memoryview(block)[:used]
+    return bigger
+
+
 def read_scattered(
     plan: RankPlan,
     needed: np.ndarray,
@@ -135,12 +169,16 @@ def read_scattered(
     shards = shard_of[plan.read_segment[positions].astype(np.int64)] if len(positions) else positions
     samples = plan.read_sample[positions]
     files = _Shards(source, offsets)
+    block = bytearray()  # a block's samples, one after another (reused from block to block)
     try:
         for at in range(0, len(positions), BLOCK):
-            reads: list[tuple[bytes, int, int] | None] = []
+            reads: list[tuple[int, int, int] | None] = []
+            used = 0
             for shard, sample in zip(shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()):
                 try:
-                    reads.append(files.read(shard, sample))
+                    lo, hi = files.span(shard, sample)
+                    block = _grown(block, used, used + hi - lo)
+                    files.read_into(shard, sample, lo, memoryview(block)[used : used + hi - lo])
                 except ShardflowError as e:
                     policy.handle(e, samples=0, shard=source.urls[shard])
                     policy.lost()
@@ -152,9 +190,12 @@ def read_scattered(
                     policy.handle(err, samples=0, shard=url, cause=e)
                     policy.lost()
                     reads.append(None)
+                else:
+                    reads.append((used, lo, hi))
+                    used += hi - lo
             urls = [source.urls[s] for s in shards[at : at + BLOCK].tolist()]
             good = [j for j, r in enumerate(reads) if r is not None]
-            parsed = _block([reads[j] for j in good], [urls[j] for j in good], io, policy) if good else []  # type: ignore[misc]
+            parsed = _read_in_place(block, [reads[j] for j in good], [urls[j] for j in good], io, policy) if good else []  # type: ignore[misc]
             out: list[Any] = [None] * len(reads)
             for j, s in zip(good, parsed):
                 out[j] = s
