@@ -1,12 +1,14 @@
 """Reading a scattered plan (a window shuffle, :mod:`shardflow.planning.window`): :func:`read_scattered`.
 
-Each needed sample is read on its own through its shard's offset index, with ``os.pread`` on a
-descriptor kept open per shard (the least recently used closed beyond :data:`OPEN_SHARDS`). The
-tar parse, whose cost is mostly per call, runs over :data:`BLOCK` samples at once: their bytes,
-read one by one, are joined and parsed as one tar stream whose sample starts are known (so
-samples with equal keys stay apart). When that parse does not give one clean sample per position
-(a damaged sample among them), each of those samples is parsed again on its own, with its shard's
-URL and offsets in the errors, under the dataset's ``on_error`` policy. Only local plain ``.tar``
+Each needed sample is read on its own through its shard's offset index, with ``os.preadv`` on a
+descriptor kept open per shard (the least recently used closed beyond :data:`OPEN_SHARDS`), into one
+block buffer that a pass reuses. The tar parse, whose cost is mostly per call, runs over :data:`BLOCK`
+samples at once, in that buffer: the samples lie one after another and their starts are known (so
+samples with equal keys stay apart), and each field's ``bytes`` is the one copy made of it. When that
+parse does not give one clean sample of ``bytes`` fields per position (a damaged sample among them,
+members the bulk parse leaves to the general path), the block is parsed again from copies of the reads,
+as one ``bytes`` stream and, where that is not clean either, each of those samples on its own, with its
+shard's URL and offsets in the errors, under the dataset's ``on_error`` policy. Only local plain ``.tar``
 shards get scattered plans (:mod:`shardflow.dataset.classmix`).
 """
 
