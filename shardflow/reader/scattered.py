@@ -36,6 +36,8 @@ BLOCK = 256
 OPEN_SHARDS = 256
 """Shard descriptors a pass keeps open."""
 
+_PREADV = hasattr(os, "preadv")
+
 
 class _Shards:
     """Open descriptors (least recently used closed first) and offset indexes of a pass's shards."""
@@ -54,7 +56,13 @@ class _Shards:
 
     def read_into(self, shard: int, sample: int, lo: int, view: memoryview) -> None:
         """Fill ``view`` with the shard's bytes from ``lo`` on (sample ``sample``'s, for the error)."""
-        got = os.preadv(self._fd(shard), [view], lo)
+        fd = self._fd(shard)
+        if _PREADV:
+            got = os.preadv(fd, [view], lo)
+        else:  # (a platform without preadv: one copy more)
+            data = os.pread(fd, len(view), lo)
+            got = len(data)
+            view[:got] = data
         if got != len(view):
             raise TruncatedShardError(f"{self._source.urls[shard]}: shard ended before sample {sample} (bytes "
                                       f"[{lo}, {lo + len(view)}))")  # fmt: skip
