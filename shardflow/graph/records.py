@@ -286,7 +286,7 @@ def collate_records(
 def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> Any:
     first = records[0]
     names = first.names
-    if any(r.names != names for r in records):
+    if any(r.names is not names and r.names != names for r in records):  # (one layout: the same tuple)
         return None
     pyg = import_pyg("collating graphs")
     n = len(records)
@@ -301,7 +301,7 @@ def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> A
             continue
         arrays = [r.arrays[j] for r in records]
         dtype = arrays[0].dtype
-        if any(a.dtype != dtype for a in arrays):
+        if any(a.dtype is not dtype and a.dtype != dtype for a in arrays):  # (numpy's dtypes are mostly singletons)
             return None  # torch's type promotion: the graphs' collate does it
         cat_dim, by_nodes = default_rule(name)
         stack = arrays[0].ndim == 0

@@ -141,11 +141,14 @@ def _read_in_place(block: bytearray, reads: list[tuple[int, int, int]], urls: li
     return _block([(bytes(view[p : p + hi - lo]), lo, hi) for p, lo, hi in reads], urls, io, policy)
 
 
-def _grown(block: bytearray, used: int, need: int) -> bytearray:
-    """``block``, or a larger one holding its first ``used`` bytes, with room for ``need`` bytes."""
+def _grown(block: bytearray, used: int, need: int, count: int) -> bytearray:
+    """``block``, or a larger one holding its first ``used`` bytes, with room for ``need``
+    bytes. The first one of a pass is sized for ``count`` samples like the one being read
+    (and a quarter more), so that a pass of samples of one size allocates (and touches) its
+    buffer once, not once per doubling."""
     if need <= len(block):
         return block
-    bigger = bytearray(max(need, 2 * len(block), 1 << 20))
+    bigger = bytearray(max(need, 2 * len(block)) if len(block) else max(need, need * count * 5 // 4))
     bigger[:used] = memoryview(block)[:used]
     return bigger
 
@@ -184,10 +187,11 @@ def read_scattered(
         for at in range(0, len(positions), BLOCK):
             reads: list[tuple[int, int, int] | None] = []
             used = 0
-            for shard, sample in zip(shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()):
+            todo = list(zip(shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()))
+            for shard, sample in todo:
                 try:
                     lo, hi = files.span(shard, sample)
-                    block = _grown(block, used, used + hi - lo)
+                    block = _grown(block, used, used + hi - lo, len(todo))
                     files.read_into(shard, sample, lo, memoryview(block)[used : used + hi - lo])
                 except ShardflowError as e:
                     policy.handle(e, samples=0, shard=source.urls[shard])
