@@ -209,7 +209,8 @@ def read_scattered(
                     used += hi - lo
             urls = [source.urls[s] for s in shards[at : at + BLOCK].tolist()]
             good = [j for j, r in enumerate(reads) if r is not None]
-            parsed = _read_in_place(block, [reads[j] for j in good], [urls[j] for j in good], io, policy) if good else []  # type: ignore[misc]
+            parsed = (_read_in_place(block, [reads[j] for j in good], [urls[j] for j in good], io, policy)  # type: ignore[misc]
+                      if good else [])
             out: list[Any] = [None] * len(reads)
             for j, s in zip(good, parsed):
                 out[j] = s
