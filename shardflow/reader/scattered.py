@@ -46,6 +46,10 @@ class _Shards:
         self._source, self._offsets = source, offsets
         self._fds: OrderedDict[int, int] = OrderedDict()
 
+    def index(self, shard: int) -> np.ndarray | None:
+        """The shard's offset index (None without one)."""
+        return self._offsets(shard)
+
     def span(self, shard: int, sample: int) -> tuple[int, int]:
         """``[lo, hi)`` of one sample in its shard (its offset index's entries)."""
         index = self._offsets(shard)
@@ -141,16 +145,42 @@ def _read_in_place(block: bytearray, reads: list[tuple[int, int, int]], urls: li
     return _block([(bytes(view[p : p + hi - lo]), lo, hi) for p, lo, hi in reads], urls, io, policy)
 
 
-def _grown(block: bytearray, used: int, need: int, count: int) -> bytearray:
+def _grown(block: bytearray, used: int, need: int) -> bytearray:
     """``block``, or a larger one holding its first ``used`` bytes, with room for ``need``
-    bytes. The first one of a pass is sized for ``count`` samples like the one being read
-    (and a quarter more), so that a pass of samples of one size allocates (and touches) its
-    buffer once, not once per doubling."""
+    bytes (a quarter more, or twice the old size while a block is filled read by read)."""
     if need <= len(block):
         return block
-    bigger = bytearray(max(need, 2 * len(block)) if len(block) else max(need, need * count * 5 // 4))
+    bigger = bytearray(max(need + need // 4, 2 * len(block) if used else 0))
     bigger[:used] = memoryview(block)[:used]
     return bigger
+
+
+_SPAN_SHARDS = 32  # a block reading from more shards than this looks its samples up one by one
+
+
+def _spans(files: _Shards, shards: list[int], samples: list[int]) -> tuple[list[int], list[int], int] | None:
+    """``(lo, hi, total bytes)`` of the samples of a block, from their shards' offset indexes
+    at once; None where an index is missing or cannot be loaded, or the block reads from many
+    shards (then each sample is looked up on its own, and a failure is reported as it comes)."""
+    shard_of = np.asarray(shards, dtype=np.int64)
+    sample_of = np.asarray(samples, dtype=np.int64)
+    lo = np.empty(len(shards), dtype=np.int64)
+    hi = np.empty(len(shards), dtype=np.int64)
+    distinct = np.unique(shard_of).tolist()
+    if len(distinct) > _SPAN_SHARDS:
+        return None
+    try:
+        for shard in distinct:
+            index = files.index(shard)
+            if index is None:
+                return None
+            at = shard_of == shard
+            first = sample_of[at]
+            lo[at] = index[first]
+            hi[at] = index[first + 1]
+    except (ShardflowError, OSError, IndexError, ValueError):
+        return None
+    return lo.tolist(), hi.tolist(), int((hi - lo).sum())
 
 
 def read_scattered(
@@ -187,12 +217,21 @@ def read_scattered(
         for at in range(0, len(positions), BLOCK):
             reads: list[tuple[int, int, int] | None] = []
             used = 0
-            todo = list(zip(shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()))
-            for shard, sample in todo:
+            todo_shards, todo_samples = shards[at : at + BLOCK].tolist(), samples[at : at + BLOCK].tolist()
+            spans = _spans(files, todo_shards, todo_samples)
+            if spans is not None:
+                block = _grown(block, 0, spans[2])  # (room for all of them: a failed read leaves none unused)
+            view = memoryview(block)
+            for k, (shard, sample) in enumerate(zip(todo_shards, todo_samples)):
                 try:
-                    lo, hi = files.span(shard, sample)
-                    block = _grown(block, used, used + hi - lo, len(todo))
-                    files.read_into(shard, sample, lo, memoryview(block)[used : used + hi - lo])
+                    if spans is None:
+                        lo, hi = files.span(shard, sample)
+                        if used + hi - lo > len(block):
+                            block = _grown(block, used, used + hi - lo)
+                            view = memoryview(block)
+                    else:
+                        lo, hi = spans[0][k], spans[1][k]
+                    files.read_into(shard, sample, lo, view[used : used + hi - lo])
                 except ShardflowError as e:
                     policy.handle(e, samples=0, shard=source.urls[shard])
                     policy.lost()
