@@ -181,7 +181,7 @@ def member_runs(
                 buf, base = _refilled(it, buf, pos, base, url, start, empty, ext.first_offset)
                 pos = 0
             empty = False
-            if bulk and ext.first_offset is None and not ext.global_pax and type(buf) is bytes and len(buf) - pos >= 2 * BLOCK:
+            if bulk and ext.first_offset is None and not ext.global_pax and (type(buf) is bytes or type(buf) is bytearray) and len(buf) - pos >= 2 * BLOCK:
                 members, pos = spans.bulk_members(buf, pos, base, stop, limits.max_member_bytes, run, starts, grouped)
                 run = min(2 * run, spans.RUN)  # short runs first: the first sample comes soon
                 if members:

@@ -147,8 +147,9 @@ def checked_members(buf: bytes, base: int, heads: Heads, sizes: Heads) -> list[t
     _, checked, lengths = _checked_headers(buf, heads, sizes)
     at, size_of = checked.tolist(), lengths.tolist()
     find = buf.find
+    data = buf if type(buf) is bytes else memoryview(buf)  # a bytearray read in place: bytes all the same
     return [
-        (buf[p : n if n >= 0 else p + 100].decode("utf-8", "surrogateescape"), base + p, buf[p + BLOCK : p + BLOCK + size])
+        (buf[p : n if n >= 0 else p + 100].decode("utf-8", "surrogateescape"), base + p, bytes(data[p + BLOCK : p + BLOCK + size]))
         for p, n, size in zip(at, map(find, repeat(b"\0"), at, [p + 100 for p in at]), size_of)
     ]
 
@@ -196,6 +197,9 @@ class SampleRun:
         """Sample ``j``'s ``{field: bytes}``, in member order (a new dict)."""
         a, b = self._members(j)
         buf = self._args[0]
+        if type(buf) is not bytes:  # a bytearray read in place: the fields are bytes all the same
+            view = memoryview(buf)
+            return {f: view[x:y].tobytes() for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
         return {f: buf[x:y] for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
 
     def samples(self, first: int, last: int) -> Iterator[dict[str, bytes]]:
@@ -217,6 +221,11 @@ class SampleRun:
 def _pairs(buf: bytes, f0: Iterable[str], lo0: list[int], hi0: list[int], f1: Iterable[str], lo1: list[int],
            hi1: list[int]) -> Iterator[dict[str, bytes]]:
     """The samples of two members each (the common case), one dict each as it is taken."""
+    if type(buf) is not bytes:  # (see SampleRun.sample)
+        view = memoryview(buf)
+        for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
+            yield {a: view[x:y].tobytes(), b: view[u:v].tobytes()}
+        return
     for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
         yield {a: buf[x:y], b: buf[u:v]}
 

@@ -44,6 +44,7 @@ _MAX_PER_LAYOUT = 8
 
 _TEMPLATES: dict[bytes, list[HeaderTemplate]] = {}  # header without its digits -> templates
 _REFUSED: set[bytes] = set()
+_RECENT: list[HeaderTemplate | None] = [None]  # the template :func:`match` found last
 _LOCK = threading.Lock()
 
 
@@ -95,6 +96,13 @@ class HeaderTemplate:
 def match(text: bytes) -> tuple[HeaderTemplate, list[int]] | None:
     """The template that reproduces ``text`` and the numbers of its holes, or None."""
     text = text.rstrip(b" ")  # safetensors' padding, whose length follows the digits'
+    recent = _RECENT[0]  # the graphs of a dataset share a layout: try the last one matched first
+    if recent is not None:
+        runs = text.translate(_ONLY_DIGITS).split()
+        if len(runs) == recent.runs:
+            picked = recent.pick(runs)
+            if recent.fmt % picked == text:
+                return _numbers(recent, picked)
     templates = _TEMPLATES.get(text.translate(None, _DIGITS))
     if not templates:
         return None
@@ -105,10 +113,17 @@ def match(text: bytes) -> tuple[HeaderTemplate, list[int]] | None:
         picked = template.pick(runs)
         if template.fmt % picked != text:
             continue
-        if _BAD_NUMBER.search(b" " + b" ".join(picked)):
-            return None
-        return template, list(map(int, template.needed(picked)))
+        _RECENT[0] = template
+        return _numbers(template, picked)
     return None
+
+
+def _numbers(template: HeaderTemplate, picked: tuple[bytes, ...]) -> tuple[HeaderTemplate, list[int]] | None:
+    """``(template, the needed numbers)`` of a header that ``template`` reproduces with the
+    digit runs ``picked`` in its holes; None where one is not a JSON integer of ours."""
+    if _BAD_NUMBER.search(b" " + b" ".join(picked)):
+        return None
+    return template, list(map(int, template.needed(picked)))
 
 
 def learn(text: bytes) -> None:

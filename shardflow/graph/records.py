@@ -54,6 +54,7 @@ _PYG: list[bool] = []  # [True] once torch_geometric imported
 _UINT64 = np.dtype("<u8")
 _MAX = np.maximum.reduce  # (ndarray.max() without its Python wrapper)
 _U64 = struct.Struct("<Q").unpack_from
+_LITTLE = sys.byteorder == "little"
 
 
 class GraphRecord:
@@ -139,17 +140,20 @@ def _schema_attrs(metadata: dict) -> dict | None:
 
 
 def _record(buf: Any, max_nodes: int, max_edges: int) -> GraphRecord | None:
-    if sys.byteorder != "little":
+    if not _LITTLE:
         return None
-    view = memoryview(buf)
-    if view.ndim != 1 or view.itemsize != 1:
-        view = view.cast("B")
+    if type(buf) is bytes:  # (the common case: numpy and struct read bytes as they are)
+        view = buf
+    else:
+        view = memoryview(buf)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
     if len(view) < 8:
         return None
     (header_len,) = _U64(view)
     if header_len > len(view) - 8:
         return None
-    text = bytes(view[8 : 8 + header_len])
+    text = view[8 : 8 + header_len] if view is buf else bytes(view[8 : 8 + header_len])
     found = match(text)
     if found is not None:  # a layout seen before: its numbers are all that is new
         template, numbers = found
@@ -286,7 +290,7 @@ def collate_records(
 def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> Any:
     first = records[0]
     names = first.names
-    if any(r.names != names for r in records):
+    if any(r.names is not names and r.names != names for r in records):  # (one layout: the same tuple)
         return None
     pyg = import_pyg("collating graphs")
     n = len(records)
@@ -301,7 +305,7 @@ def _collate_records(records: list[GraphRecord], follow: Any, exclude: Any) -> A
             continue
         arrays = [r.arrays[j] for r in records]
         dtype = arrays[0].dtype
-        if any(a.dtype != dtype for a in arrays):
+        if any(a.dtype is not dtype and a.dtype != dtype for a in arrays):  # (numpy's dtypes are mostly singletons)
             return None  # torch's type promotion: the graphs' collate does it
         cat_dim, by_nodes = default_rule(name)
         stack = arrays[0].ndim == 0
