@@ -182,6 +182,13 @@ class SampleRun:
         self.end = self._hi[-1] + (-int(args[3][-1]) % BLOCK)  # after the last member's padding
         self.stop = args[1] + self.end
 
+    def on(self, buf: bytes) -> SampleRun:
+        """The same run over ``buf``: the same file's bytes at the same offsets (:mod:`.layouts`)."""
+        run = SampleRun.__new__(SampleRun)
+        run.keys, run.offsets, run.end, run.stop, run._args = self.keys, self.offsets, self.end, self.stop, (buf, *self._args[1:])
+        run._fields, run._lo, run._hi, run._bounds = self._fields, self._lo, self._hi, self._bounds
+        return run
+
     def _members(self, j: int) -> tuple[int, int]:
         """The members ``[a, b)`` of sample ``j``."""
         k = self._bounds

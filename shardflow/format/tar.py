@@ -27,6 +27,7 @@ from .. import fastpath
 from ..errors import SampleError, ShardFormatError
 from .headers import BLOCK
 from .keys import KeySet, split_name
+from .layouts import Layouts
 from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
@@ -61,6 +62,7 @@ def iter_samples(
     limits: Limits = DEFAULT_LIMITS,
     starts: Collection[int] | None = None,
     walk_starts: Collection[int] | None = None,
+    layouts: Layouts | None = None,
 ) -> Generator[tuple[str, int, dict[str, bytes] | SampleError], None, int | None]:
     """Group a tar stream's members into samples: the one place that decides where a sample
     ends (runs the bulk walk grouped already are checked against the same open sample and
@@ -88,6 +90,8 @@ def iter_samples(
             many samples at once (see :func:`member_runs`). Never trusted: a
             sample's walk must land exactly on the next offset, so what is read
             is the same with any offsets, right, stale or none.
+        layouts: the kept layouts of the file ``chunks`` come from (see
+            :mod:`.layouts`), or None.
 
     Yields:
         ``(key, offset, fields)``: the key, the absolute offset of the sample's
@@ -117,7 +121,8 @@ def iter_samples(
     if limit is not None and limit <= 0:
         return None
     group = _Grouping(url, starts, sample_errors, limit, start)
-    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled("bulk"))
+    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts),
+                       grouped=fastpath.enabled("bulk"), layouts=layouts)
     stopped: list[int] = []
     try:
         for run in _kept(walk, stopped):
