@@ -56,6 +56,7 @@ def pipeline(
                              seeder=seeder)
     # one-to-many samples are prepared as read, before the shuffle buffer; others after it
     expanded = prepare.items if ds.expand is not None else None
+    tagged = False  # read_planned tags the samples where that is all there is to prepare
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
         io = staged_io(ds, world, epoch, world.worker, world.num_workers, in_worker=World.in_worker())
@@ -70,8 +71,9 @@ def pipeline(
         if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
             items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.source, io, policy, ds.shard_offsets), order)
         elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+            tagged = expanded is None and prepare.tags_only()
             items = reader.read_planned(
-                plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False
+                plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False, tagged=tagged
             )
         else:
             raw = reader.read_planned_in_phases(
@@ -92,7 +94,7 @@ def pipeline(
     items = storage.staged_epoch(items, io)
     timed = batching is not None and batching.account  # stage timers (shardflow.accounting)
     items = accounting.timed(items, "read") if timed else items
-    if expanded is None:
+    if expanded is None and not tagged:
         items = reader.prepared(items, prepare)
         items = accounting.timed(items, "decode") if timed else items
     if ds.transform is not None:

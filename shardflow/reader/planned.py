@@ -32,17 +32,9 @@ Sample = dict[str, Any]
 
 
 def read_planned(
-    plan: RankPlan,
-    needed: np.ndarray,
-    source: ShardSet,
-    io: storage.IOOptions,
-    policy: ErrorPolicy,
-    offsets: Callable[[int], np.ndarray | None],
-    expand: int = 1,
-    prepare: Callable[[Sample], list[Any] | None] | None = None,
-    *,
-    positioned: bool = True,
-    hold: int | None = None,
+    plan: RankPlan, needed: np.ndarray, source: ShardSet, io: storage.IOOptions, policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None], expand: int = 1, prepare: Callable[[Sample], list[Any] | None] | None = None,
+    *, positioned: bool = True, hold: int | None = None, tagged: bool = False,
 ) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
 
@@ -60,6 +52,8 @@ def read_planned(
         positioned: False to yield the items alone (read order is the order wanted).
         hold: the first batch's last read position: remote runs first read after it
             are opened ahead only once it is read (:class:`~.streams.RunStreams`).
+        tagged: without ``prepare``, each sample gets ``__source__`` 0, last, as
+            :func:`~.samples.tag_source` sets it for one source (see :meth:`~.samples.Prepare.tags_only`).
 
     Yields:
         ``(position, item)`` for every needed position, in read order (or the
@@ -89,7 +83,10 @@ def read_planned(
                         fields = item[2]
                         if type(fields) is not dict:  # a bad sample: the general code below drops it
                             break
-                        yield {"__key__": item[0], "__url__": url, **fields}  # raw_sample() inlined: the hot loop
+                        sample = {"__key__": item[0], "__url__": url, **fields}  # raw_sample() inlined: the hot loop
+                        if tagged:  # (one dict a sample, tagged here: no stage after for it)
+                            sample["__source__"] = 0
+                        yield sample
                         done += 1
                     else:
                         item = None
@@ -127,7 +124,7 @@ def read_planned(
                     yield (pos, got) if positioned else got
                 continue
             if want:
-                sample = _sample(item, run_url[s], policy)
+                sample = _sample(item, run_url[s], policy, tagged)
                 yield (pos, sample) if positioned else sample
     finally:
         streams.close()
@@ -156,14 +153,17 @@ def _open(
     return table, recovery, steps
 
 
-def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample | None:
-    """The sample dict of a read ``(key, offset, fields)``, or None for a bad sample (``fields``
-    a SampleError, handed to ``policy``)."""
+def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy, tagged: bool) -> Sample | None:
+    """The sample dict of a read ``(key, offset, fields)`` (``tagged``: with ``__source__`` 0), or
+    None for a bad sample (``fields`` a SampleError, handed to ``policy``)."""
     key, _, fields = item
     if type(fields) is not dict:
         policy.handle(fields)
         return None
-    return raw_sample(key, url, fields)
+    sample = raw_sample(key, url, fields)
+    if tagged:
+        sample["__source__"] = 0
+    return sample
 
 
 _MISS = object()
