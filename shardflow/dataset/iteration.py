@@ -56,7 +56,7 @@ def pipeline(
                              seeder=seeder)
     # one-to-many samples are prepared as read, before the shuffle buffer; others after it
     expanded = prepare.items if ds.expand is not None else None
-    tagged = False  # read_planned tags the samples where that is all there is to prepare
+    tagged = False  # the samples come tagged already (see below)
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
         io = staged_io(ds, world, epoch, world.worker, world.num_workers, in_worker=World.in_worker())
@@ -70,16 +70,15 @@ def pipeline(
         items: Iterator[Any]
         if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
             items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.source, io, policy, ds.shard_offsets), order)
-        elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+        else:  # read_planned's samples come whole, tagged for one source: where that is all, no prepare stage
             tagged = expanded is None and prepare.tags_only()
-            items = reader.read_planned(
-                plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False, tagged=tagged
-            )
-        else:
-            raw = reader.read_planned_in_phases(
-                plan, needed, order, sizes[0] if sizes else 0, ds.source, io, policy, ds.shard_offsets, k, expanded
-            )
-            items = reader.emit_in_order(raw, order)
+            if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+                items = reader.read_planned(plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False)
+            else:
+                raw = reader.read_planned_in_phases(
+                    plan, needed, order, sizes[0] if sizes else 0, ds.source, io, policy, ds.shard_offsets, k, expanded
+                )
+                items = reader.emit_in_order(raw, order)
     else:
         shards = split_unsized(len(ds.source.urls), world, ds.seed, epoch, ds.shuffle.shards)
         items = reader.read_shards(shards, ds.source, io, policy)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import repeat
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
 from .headers import BLOCK
+from .wholes import Frame, pairs, whole, whole_pairs
 
 __all__ = ["SampleRun", "RUN", "bulk_members", "plain_members", "checked_members", "checked_samples", "indexed_heads"]
 
@@ -205,27 +206,24 @@ class SampleRun:
         buf = self._args[0]
         return {f: buf[x:y] for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
 
-    def samples(self, first: int, last: int) -> Iterator[dict[str, bytes]]:
-        """Samples ``first`` to ``last`` (excluded), each made as it is taken (see :meth:`sample`)."""
+    def items(self, first: int, last: int, frame: Frame | None = None) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """``(key, offset, fields)`` of samples ``first`` to ``last`` (excluded), each made as it is taken
+        (see :meth:`sample`); with ``frame``, each sample whole in place of its fields (:func:`whole`)."""
+        keys, offsets = self.keys[first:last], self.offsets[first:last]
         if self._bounds != 2:
-            return map(self.sample, range(first, last))
+            made = map(self.sample, range(first, last))
+            return zip(keys, offsets, made if frame is None else map(whole, keys, made, repeat(frame)))
         a, b = 2 * first, 2 * last
         fields, lo, hi = self._fields, self._lo, self._hi
         if type(fields) is list:
             f0, f1 = fields[a:b:2], fields[a + 1 : b : 2]
         else:
             f0, f1 = repeat(fields[0]), repeat(fields[1])
-        return _pairs(self._args[0], f0, lo[a:b:2], hi[a:b:2], f1, lo[a + 1 : b : 2], hi[a + 1 : b : 2])
+        args = (self._args[0], keys, offsets, f0, lo[a:b:2], hi[a:b:2], f1, lo[a + 1 : b : 2], hi[a + 1 : b : 2])
+        return pairs(*args) if frame is None else whole_pairs(*frame, *args)
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
         return iter(checked_members(*self._args))
-
-
-def _pairs(buf: bytes, f0: Iterable[str], lo0: list[int], hi0: list[int], f1: Iterable[str], lo1: list[int],
-           hi1: list[int]) -> Iterator[dict[str, bytes]]:
-    """The samples of two members each (the common case), one dict each as it is taken."""
-    for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
-        yield {a: buf[x:y], b: buf[u:v]}
 
 
 _COLS = np.arange(100, dtype=np.uint8)[:, None]  # a name's columns, down the rows of its transpose
