@@ -350,6 +350,8 @@ def bulk_members(
             after = int(np.searchsorted(starts, base + pos, side="right"))
             if after < len(starts):
                 bound = int(starts[after]) if stop < 0 else min(stop, int(starts[after]))
+                if bound - base - pos <= _NEAR_START:  # a sample's rest (one cut by a chunk's end): the general
+                    return [], pos  # path reads its few members for less than numpy's fixed cost per call
     if not members:
         members, pos = plain_members(buf, pos, base, bound, max_member, run, grouped)
     return members, pos
@@ -357,6 +359,7 @@ def bulk_members(
 
 RUN = 4096
 """The most members parsed in one run (their headers are gathered: 2 MiB)."""
+_NEAR_START = 16 * 1024  # bytes to the next indexed sample start under which a walk is not worth numpy
 _GROUPED_MIN = 8  # fewer members go one by one: numpy's fixed cost per call would outweigh grouping them
 
 
