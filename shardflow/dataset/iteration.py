@@ -8,7 +8,7 @@ point (:class:`~shardflow.dataset.epochrun.EpochRun` calls them); they keep no s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,21 +27,21 @@ from .warmstart import staged_io
 __all__ = ["units", "pipeline", "seeder_of", "runs_user_code", "sample_items", "batch_items", "unsized_batches"]
 
 
-def units(ds: Any, world: World, epoch: int, resume: ResumePoint | None, *, batched: bool) -> list[int]:
+def units(ds: Any, world: World, epoch: int, resume: ResumePoint | None, *, batched: bool) -> Sequence[int]:
     """This worker's step numbers in ``ds``'s plan for ``epoch`` (sized; empty when unsized):
     batches of the loader's plan (``batched``), or samples of a direct iteration."""
     if not ds.sized:
-        return []
+        return range(0)
     plan = ds.plan(epoch, world.rank, layout=resume.layout if resume is not None else (), batched=batched)
     step = resume.step if resume is not None else 0
     # whole batches round robin: the DataLoader, taking one from each worker in turn,
     # yields them in plan order, the same sequence for any number of workers
     mine = worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)
-    return list(range(step + mine.start, step + mine.stop, mine.step))
+    return range(step + mine.start, step + mine.stop, mine.step)  # (no list: a direct pass has one per sample)
 
 
 def pipeline(
-    ds: Any, batching: Batching | None, world: World, epoch: int, resume: ResumePoint | None, ids: list[int], skip: int,
+    ds: Any, batching: Batching | None, world: World, epoch: int, resume: ResumePoint | None, ids: Sequence[int], skip: int,
     policy: ErrorPolicy,
 ) -> tuple[Iterator[Any], list[int]]:
     """Compose the stages of ``ds`` for ``world`` (the stream it reads); returns (items, planned
@@ -114,7 +114,7 @@ def runs_user_code(ds: Any) -> bool:
 
 
 def sample_items(
-    ds: Any, world: World, epoch: int, resume: ResumePoint | None, ids: list[int], skip: int, policy: ErrorPolicy
+    ds: Any, world: World, epoch: int, resume: ResumePoint | None, ids: Sequence[int], skip: int, policy: ErrorPolicy
 ) -> Iterator[Any]:
     """The items of a direct pass (None where a sample was dropped); in the training process,
     its global generators are restored around the user's code."""

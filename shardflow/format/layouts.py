@@ -38,8 +38,8 @@ from .spans import SampleRun
 
 __all__ = ["Layouts", "MAX_SAMPLES", "SETTLED_NS", "clear", "held"]
 
-MAX_SAMPLES = 1 << 17
-"""The most samples whose layouts the process keeps (a few hundred bytes each: keys, offsets)."""
+MAX_SAMPLES = 1 << 16
+"""The most samples whose layouts the process keeps (~320 bytes each: keys, offsets; ~20 MiB in all)."""
 
 SETTLED_NS = 2_000_000_000
 """How long before the open a file's ctime must lie for its layout to be kept, in ns: more
