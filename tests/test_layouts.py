@@ -53,6 +53,8 @@ def test_second_pass_takes_the_kept_layouts(tmp_path, settled):
     assert [list(s) for s in second] == [list(s) for s in first]  # the keys' order too
     assert [s["__key__"] for s in second] == [f"{i:06d}" for i in range(500)]
     assert second[7]["bin"] == bytes([49]) * 202 and second[7]["__source__"] == 0
+    assert list(second[7]) == ["__key__", "__url__", "bin", "cls", "__source__"]  # one dict, raw_sample's order
+    assert second[7]["__url__"] == shard_urls(folder)[0] and second[7]["cls"] == b"7"
     assert layouts.held() == 500
 
 
