@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shardflow
+from shardflow import fastpath
 from shardflow.errors import ShardFormatError
 from shardflow.format import layouts
 from tests.helpers import make_shards, shard_urls
@@ -20,11 +21,15 @@ from tests.helpers import make_shards, shard_urls
 @pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch):
     """Shards count as settled as soon as they are written (by default a shard's ctime must be
-    2 s old before its layout is kept, see layouts.SETTLED_NS)."""
+    2 s old before its layout is kept, see layouts.SETTLED_NS); the bulk walk on (the layouts are
+    its own: SHARDFLOW_FAST_PATHS=0 turns both off)."""
     monkeypatch.setattr(layouts, "SETTLED_NS", 0)
+    before = fastpath.enabled()
+    fastpath.set_enabled(True)
     layouts.clear()
     yield
     layouts.clear()
+    fastpath.set_enabled(before)
 
 
 def _fields(field: str, fill: int):
