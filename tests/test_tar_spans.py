@@ -236,5 +236,11 @@ def test_grouped_runs_make_the_same_samples_taken_one_by_one_or_in_a_row():
         assert got.keys == [k for k, _ in samples], name
         want = [{f: v for f, v in sorted(f.items())} for _, f in samples]
         assert [got.sample(j) for j in range(len(samples))] == want, name
-        assert list(got.samples(0, len(samples))) == want and list(got.samples(3, 7)) == want[3:7], name
-        assert [list(s) for s in got.samples(0, len(samples))] == [list(s) for s in want], name  # field order
+        items = list(got.items(0, len(samples)))
+        assert [f for _, _, f in items] == want and [f for _, _, f in got.items(3, 7)] == want[3:7], name
+        assert [list(f) for _, _, f in items] == [list(s) for s in want], name  # field order
+        assert [(k, o) for k, o, _ in items] == list(zip(got.keys, got.offsets)), name
+        # whole: the dict a reader hands on, in one step (the keys in raw_sample's order, __source__ last)
+        framed = list(got.items(2, 9, ("u", 3)))
+        assert [s for _, _, s in framed] == [{**tar_module.raw_sample(k, "u", f), "__source__": 3} for k, f in zip(got.keys[2:9], want[2:9])], name
+        assert [list(s) for _, _, s in framed] == [["__key__", "__url__", *f, "__source__"] for f in want[2:9]], name

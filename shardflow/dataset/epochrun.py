@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -123,7 +123,7 @@ class EpochRun:
         skip = resume.skip[world.worker] if (resume is not None and resume.skip) else 0
         return self._yield_samples(world, ids, skip, policy)
 
-    def _yield_samples(self, world: World, ids: list[int], skip: int, policy: ErrorPolicy) -> Iterator[Any]:
+    def _yield_samples(self, world: World, ids: Sequence[int], skip: int, policy: ErrorPolicy) -> Iterator[Any]:
         items = iteration.sample_items(self.dataset, world, self.epoch, self.resume, ids, skip, policy)
         stats, taken = policy.stats, self._taken
         try:

@@ -8,7 +8,7 @@ point (:class:`~shardflow.dataset.epochrun.EpochRun` calls them); they keep no s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,21 +27,21 @@ from .warmstart import staged_io
 __all__ = ["units", "pipeline", "seeder_of", "runs_user_code", "sample_items", "batch_items", "unsized_batches"]
 
 
-def units(ds: Any, world: World, epoch: int, resume: ResumePoint | None, *, batched: bool) -> list[int]:
+def units(ds: Any, world: World, epoch: int, resume: ResumePoint | None, *, batched: bool) -> Sequence[int]:
     """This worker's step numbers in ``ds``'s plan for ``epoch`` (sized; empty when unsized):
     batches of the loader's plan (``batched``), or samples of a direct iteration."""
     if not ds.sized:
-        return []
+        return range(0)
     plan = ds.plan(epoch, world.rank, layout=resume.layout if resume is not None else (), batched=batched)
     step = resume.step if resume is not None else 0
     # whole batches round robin: the DataLoader, taking one from each worker in turn,
     # yields them in plan order, the same sequence for any number of workers
     mine = worker_batches(plan.num_batches - step, world.worker, world.num_workers, True)
-    return list(range(step + mine.start, step + mine.stop, mine.step))
+    return range(step + mine.start, step + mine.stop, mine.step)  # (no list: a direct pass has one per sample)
 
 
 def pipeline(
-    ds: Any, batching: Batching | None, world: World, epoch: int, resume: ResumePoint | None, ids: list[int], skip: int,
+    ds: Any, batching: Batching | None, world: World, epoch: int, resume: ResumePoint | None, ids: Sequence[int], skip: int,
     policy: ErrorPolicy,
 ) -> tuple[Iterator[Any], list[int]]:
     """Compose the stages of ``ds`` for ``world`` (the stream it reads); returns (items, planned
@@ -56,6 +56,7 @@ def pipeline(
                              seeder=seeder)
     # one-to-many samples are prepared as read, before the shuffle buffer; others after it
     expanded = prepare.items if ds.expand is not None else None
+    tagged = False  # the samples come tagged already (see below)
     io = ds.io
     if ds.sized:  # batches go round robin, so the rank's DataLoader workers share each fetch (storage.staging)
         io = staged_io(ds, world, epoch, world.worker, world.num_workers, in_worker=World.in_worker())
@@ -69,15 +70,15 @@ def pipeline(
         items: Iterator[Any]
         if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
             items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.shards, io, policy, ds.shard_offsets), order)
-        elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
-            items = reader.read_planned(
-                plan, needed, ds.shards, io, policy, ds.shard_offsets, k, expanded, positioned=False
-            )
-        else:
-            raw = reader.read_planned_in_phases(
-                plan, needed, order, sizes[0] if sizes else 0, ds.shards, io, policy, ds.shard_offsets, k, expanded
-            )
-            items = reader.emit_in_order(raw, order)
+        else:  # read_planned's samples come whole, tagged for one source: where that is all, no prepare stage
+            tagged = expanded is None and prepare.tags_only()
+            if order.size < 2 or bool(np.all(order[1:] > order[:-1])):
+                items = reader.read_planned(plan, needed, ds.shards, io, policy, ds.shard_offsets, k, expanded, positioned=False)
+            else:
+                raw = reader.read_planned_in_phases(
+                    plan, needed, order, sizes[0] if sizes else 0, ds.shards, io, policy, ds.shard_offsets, k, expanded
+                )
+                items = reader.emit_in_order(raw, order)
     else:
         shards = split_unsized(len(ds.shards.urls), world, ds.seed, epoch, ds.shuffle.shards)
         items = reader.read_shards(shards, ds.shards, io, policy)
@@ -92,7 +93,7 @@ def pipeline(
     items = storage.staged_epoch(items, io)
     timed = batching is not None and batching.account  # stage timers (shardflow.accounting)
     items = accounting.timed(items, "read") if timed else items
-    if expanded is None:
+    if expanded is None and not tagged:
         items = reader.prepared(items, prepare)
         items = accounting.timed(items, "decode") if timed else items
     if ds.transform is not None:
@@ -113,7 +114,7 @@ def runs_user_code(ds: Any) -> bool:
 
 
 def sample_items(
-    ds: Any, world: World, epoch: int, resume: ResumePoint | None, ids: list[int], skip: int, policy: ErrorPolicy
+    ds: Any, world: World, epoch: int, resume: ResumePoint | None, ids: Sequence[int], skip: int, policy: ErrorPolicy
 ) -> Iterator[Any]:
     """The items of a direct pass (None where a sample was dropped); in the training process,
     its global generators are restored around the user's code."""

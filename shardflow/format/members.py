@@ -24,6 +24,7 @@ from .headers import BLOCK, EXTENDED, KNOWN, REGULAR, SKIP_DATA, check_extended_
 from .limits import DEFAULT_LIMITS, Limits
 from .. import fastpath
 from . import spans
+from .layouts import Layouts
 from .spans import SampleRun
 
 __all__ = ["Member", "iter_members", "member_runs"]
@@ -115,12 +116,12 @@ def member_runs(
     limits: Limits = DEFAULT_LIMITS,
     starts: np.ndarray | None = None,
     grouped: bool = False,
+    layouts: Layouts | None = None,
 ) -> Generator[Sequence[Member] | SampleRun, None, int]:
     """Yield the regular-file members of a tar stream, in runs.
 
-    A run is a list of members parsed together (see :func:`.spans.plain_members`) or
-    a single member read by the general path; consumers loop over a run with no
-    generator step per member.
+    A run is a list of members parsed together (see :func:`.spans.plain_members`) or a single
+    member read by the general path; consumers loop over a run with no generator step per member.
 
     Args:
         chunks: the tar's bytes from offset ``start`` on, in chunks of any size.
@@ -129,14 +130,13 @@ def member_runs(
         end: absolute offset at which to stop (a header boundary), or None for
             the end-of-archive marker or end of stream.
         limits: the largest member and extended header read (see :class:`Limits`).
-        starts: int64 absolute offsets where samples start, strictly increasing
-            (the offset index's entries for the range, its end included), or
-            None. With them, the plain members of whole samples are walked for
-            many samples at once (see :func:`.spans.indexed_heads`); what is
-            read is the same.
-        grouped: runs of plain members in the common case come as a
-            :class:`.spans.SampleRun`, already grouped into samples (iterating
-            one still gives its members).
+        starts: int64 absolute offsets where samples start, strictly increasing (the offset
+            index's entries for the range, its end included), or None. With them, the plain
+            members of whole samples are walked for many samples at once (see
+            :func:`.spans.indexed_heads`); what is read is the same.
+        grouped: runs of plain members in the common case come as a :class:`.spans.SampleRun`,
+            already grouped into samples (iterating one still gives its members).
+        layouts: the file's kept layouts (:mod:`.layouts`: grouped runs checked before), or None.
 
     Yields:
         ``(name, header_offset, data)``: the member path (PAX/GNU long names
@@ -168,7 +168,7 @@ def member_runs(
     empty = True
     stop = end if end is not None else -1
     run = 16  # members in the next bulk run (see spans.plain_members)
-    bulk = fastpath.enabled("bulk")
+    bulk, walk = fastpath.enabled("bulk"), (layouts.bulk_members if layouts is not None else spans.bulk_members)
     offset = start
     member: str | None = None  # the regular member whose header was read, for errors
     try:
@@ -182,7 +182,7 @@ def member_runs(
                 pos = 0
             empty = False
             if bulk and ext.first_offset is None and not ext.global_pax and (type(buf) is bytes or type(buf) is bytearray) and len(buf) - pos >= 2 * BLOCK:
-                members, pos = spans.bulk_members(buf, pos, base, stop, limits.max_member_bytes, run, starts, grouped)
+                members, pos = walk(buf, pos, base, stop, limits.max_member_bytes, run, starts, grouped)
                 run = min(2 * run, spans.RUN)  # short runs first: the first sample comes soon
                 if members:
                     yield members

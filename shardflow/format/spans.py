@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import repeat
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
 from .headers import BLOCK
+from .wholes import Frame, pairs, whole, whole_pairs
 
 __all__ = ["SampleRun", "RUN", "bulk_members", "plain_members", "checked_members", "checked_samples", "indexed_heads"]
 
@@ -183,6 +184,13 @@ class SampleRun:
         self.end = self._hi[-1] + (-int(args[3][-1]) % BLOCK)  # after the last member's padding
         self.stop = args[1] + self.end
 
+    def on(self, buf: bytes) -> SampleRun:
+        """The same run over ``buf``: the same file's bytes at the same offsets (:mod:`.layouts`)."""
+        run = SampleRun.__new__(SampleRun)
+        run.keys, run.offsets, run.end, run.stop, run._args = self.keys, self.offsets, self.end, self.stop, (buf, *self._args[1:])
+        run._fields, run._lo, run._hi, run._bounds = self._fields, self._lo, self._hi, self._bounds
+        return run
+
     def _members(self, j: int) -> tuple[int, int]:
         """The members ``[a, b)`` of sample ``j``."""
         k = self._bounds
@@ -202,32 +210,24 @@ class SampleRun:
             return {f: view[x:y].tobytes() for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
         return {f: buf[x:y] for f, x, y in zip(self._names(a, b), self._lo[a:b], self._hi[a:b])}
 
-    def samples(self, first: int, last: int) -> Iterator[dict[str, bytes]]:
-        """Samples ``first`` to ``last`` (excluded), each made as it is taken (see :meth:`sample`)."""
+    def items(self, first: int, last: int, frame: Frame | None = None) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """``(key, offset, fields)`` of samples ``first`` to ``last`` (excluded), each made as it is taken
+        (see :meth:`sample`); with ``frame``, each sample whole in place of its fields (:func:`whole`)."""
+        keys, offsets = self.keys[first:last], self.offsets[first:last]
         if self._bounds != 2:
-            return map(self.sample, range(first, last))
+            made = map(self.sample, range(first, last))
+            return zip(keys, offsets, made if frame is None else map(whole, keys, made, repeat(frame)))
         a, b = 2 * first, 2 * last
         fields, lo, hi = self._fields, self._lo, self._hi
         if type(fields) is list:
             f0, f1 = fields[a:b:2], fields[a + 1 : b : 2]
         else:
             f0, f1 = repeat(fields[0]), repeat(fields[1])
-        return _pairs(self._args[0], f0, lo[a:b:2], hi[a:b:2], f1, lo[a + 1 : b : 2], hi[a + 1 : b : 2])
+        args = (self._args[0], keys, offsets, f0, lo[a:b:2], hi[a:b:2], f1, lo[a + 1 : b : 2], hi[a + 1 : b : 2])
+        return pairs(*args) if frame is None else whole_pairs(*frame, *args)
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes]]:
         return iter(checked_members(*self._args))
-
-
-def _pairs(buf: bytes, f0: Iterable[str], lo0: list[int], hi0: list[int], f1: Iterable[str], lo1: list[int],
-           hi1: list[int]) -> Iterator[dict[str, bytes]]:
-    """The samples of two members each (the common case), one dict each as it is taken."""
-    if type(buf) is not bytes:  # (see SampleRun.sample)
-        view = memoryview(buf)
-        for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
-            yield {a: view[x:y].tobytes(), b: view[u:v].tobytes()}
-        return
-    for a, x, y, b, u, v in zip(f0, lo0, hi0, f1, lo1, hi1):
-        yield {a: buf[x:y], b: buf[u:v]}
 
 
 _COLS = np.arange(100, dtype=np.uint8)[:, None]  # a name's columns, down the rows of its transpose
@@ -354,6 +354,8 @@ def bulk_members(
             after = int(np.searchsorted(starts, base + pos, side="right"))
             if after < len(starts):
                 bound = int(starts[after]) if stop < 0 else min(stop, int(starts[after]))
+                if bound - base - pos <= _NEAR_START:  # a sample's rest (one cut by a chunk's end): the general
+                    return [], pos  # path reads its few members for less than numpy's fixed cost per call
     if not members:
         members, pos = plain_members(buf, pos, base, bound, max_member, run, grouped)
     return members, pos
@@ -361,6 +363,7 @@ def bulk_members(
 
 RUN = 4096
 """The most members parsed in one run (their headers are gathered: 2 MiB)."""
+_NEAR_START = 16 * 1024  # bytes to the next indexed sample start under which a walk is not worth numpy
 _GROUPED_MIN = 8  # fewer members go one by one: numpy's fixed cost per call would outweigh grouping them
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
 from itertools import chain, islice
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -27,9 +26,11 @@ from .. import fastpath
 from ..errors import SampleError, ShardFormatError
 from .headers import BLOCK
 from .keys import KeySet, split_name
+from .layouts import Layouts
 from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
+from .wholes import Frame, raw_sample, whole
 from .ustar import header, regular_member
 
 __all__ = [
@@ -47,7 +48,6 @@ __all__ = [
 
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZERO_BLOCK = b"\0" * BLOCK
-_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 
 def iter_samples(
@@ -61,7 +61,9 @@ def iter_samples(
     limits: Limits = DEFAULT_LIMITS,
     starts: Collection[int] | None = None,
     walk_starts: Collection[int] | None = None,
-) -> Generator[tuple[str, int, dict[str, bytes] | SampleError], None, int | None]:
+    layouts: Layouts | None = None,
+    frame: Frame | None = None,
+) -> Generator[tuple[str, int, dict[str, Any] | SampleError], None, int | None]:
     """Group a tar stream's members into samples: the one place that decides where a sample
     ends (runs the bulk walk grouped already are checked against the same open sample and
     closed keys as single members, see :class:`_Grouping`).
@@ -88,6 +90,10 @@ def iter_samples(
             many samples at once (see :func:`member_runs`). Never trusted: a
             sample's walk must land exactly on the next offset, so what is read
             is the same with any offsets, right, stale or none.
+        layouts: the kept layouts of the file ``chunks`` come from (see
+            :mod:`.layouts`), or None.
+        frame: ``(url, source)``: each sample comes whole in place of its fields
+            (``{"__key__", "__url__", fields..., "__source__"}``, see :func:`.wholes.whole`).
 
     Yields:
         ``(key, offset, fields)``: the key, the absolute offset of the sample's
@@ -116,8 +122,9 @@ def iter_samples(
     """
     if limit is not None and limit <= 0:
         return None
-    group = _Grouping(url, starts, sample_errors, limit, start)
-    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts), grouped=fastpath.enabled("bulk"))
+    group = _Grouping(url, starts, sample_errors, limit, start, frame)
+    walk = member_runs(chunks, url, start, end=end, limits=limits, starts=_increasing(walk_starts),
+                       grouped=fastpath.enabled("bulk"), layouts=layouts)
     stopped: list[int] = []
     try:
         for run in _kept(walk, stopped):
@@ -128,16 +135,23 @@ def iter_samples(
                     if group.full:
                         return None
                     continue
-            yield from group.members(run)
+            yield from group.members(run) if frame is None else _wholes(group.members(run), frame)
             if group.full:
                 return None
     except ShardFormatError as e:
         if group.key is not None and type(group.fields) is dict and group.fields and _ends_sample(e, group.key, starts):
-            yield group.key, group.offset, group.fields
+            yield from _wholes(((group.key, group.offset, group.fields),), frame)
         raise
     if group.key is not None and group.fields is not None:
-        yield group.key, group.offset, group.fields
+        yield from _wholes(((group.key, group.offset, group.fields),), frame)
     return stopped[0]
+
+
+def _wholes(items: Iterable[tuple[str, int, Any]], frame: Frame | None) -> Iterable[tuple[str, int, Any]]:
+    """``items``, each sample whole with ``frame`` (a SampleError as it is)."""
+    if frame is None:
+        return items
+    return ((k, o, whole(k, f, frame) if type(f) is dict else f) for k, o, f in items)
 
 
 def _kept(walk: Generator[Any, None, int], stopped: list[int]) -> Iterator[Any]:
@@ -156,8 +170,9 @@ class _Grouping:
         full: ``limit`` samples were given: stop.
     """
 
-    def __init__(self, url: str, starts: Collection[int] | None, sample_errors: str, limit: int | None, start: int) -> None:
-        self.url, self.sample_errors, self.limit = url, sample_errors, limit
+    def __init__(self, url: str, starts: Collection[int] | None, sample_errors: str, limit: int | None, start: int,
+                 frame: Frame | None) -> None:
+        self.url, self.sample_errors, self.limit, self.frame = url, sample_errors, limit, frame
         self.closed = KeySet()  # memory per key bounded, whatever its length
         self.bounds = None if starts is None else np.asarray(starts, dtype=np.int64)  # sorted, as an index's are
         self._listed: list[int] | None = None  # the bounds as a sorted list (bisect), made once a member needs them
@@ -169,7 +184,7 @@ class _Grouping:
         """The samples a grouped run completes, or None where it must go member by member."""
         if self.bounds is not None and not _fits(run, self.key, self.bounds):
             return None
-        got = _grouped(run, self.key, self.fields, self.offset, self.closed)
+        got = _grouped(run, self.key, self.fields, self.offset, self.closed, self.frame)
         if got is None:
             return None
         n, done, self.key, self.fields, self.offset = got
@@ -246,7 +261,7 @@ class _Grouping:
 
 
 def _grouped(
-    run: SampleRun, key: str | None, fields: Any, offset: int, closed: KeySet
+    run: SampleRun, key: str | None, fields: Any, offset: int, closed: KeySet, frame: Frame | None
 ) -> tuple[int, Iterator[tuple[str, int, Any]], str, Any, int] | None:
     """The samples that a grouped run completes, for :func:`iter_samples`.
 
@@ -254,7 +269,7 @@ def _grouped(
         run: the run; ``key``, ``fields``, ``offset``: the open sample (its key,
             ``{field: bytes}``, a SampleError or None, and its first header's
             offset; key None before the first); ``closed``: the keys of the
-            samples closed before it (updated).
+            samples closed before it (updated); ``frame``: see :func:`iter_samples`.
 
     Returns:
         ``(n, done, key, fields, offset)``: how many samples to yield and an
@@ -278,11 +293,11 @@ def _grouped(
     last = len(keys) - 1
     if last < head:
         return 0, iter(()), key, fields, offset  # type: ignore[arg-type]
-    done: Iterator[tuple[str, int, Any]] = zip(keys[head:last], run.offsets[head:last], run.samples(head, last))
+    done = run.items(head, last, frame)
     n = last - head
     if key is not None:
         if fields is not None:
-            done, n = chain(((key, offset, fields),), done), n + 1
+            done, n = chain(_wholes(((key, offset, fields),), frame), done), n + 1
         closed.add(key)
     closed.update(keys[head:last])
     return n, done, keys[last], run.sample(last), run.offsets[last]
@@ -367,12 +382,6 @@ def scan_shard(
         offsets.append(offset)
         for field in sample:  # (sample_errors "raise": always a dict)
             fields[field] = fields.get(field, 0) + 1
-
-
-def raw_sample(key: str, url: str, fields: Mapping[str, Any] = _NO_FIELDS) -> dict[str, Any]:
-    """The sample dict that readers hand on: ``{"__key__": key, "__url__": url, **fields}``
-    (fields as read: ``{field: bytes}``, in member order). The one place it is built."""
-    return {"__key__": key, "__url__": url, **fields}
 
 
 # ---------------------------------------------------------------- writing

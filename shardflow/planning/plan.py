@@ -196,7 +196,8 @@ class RankPlan:
 
     def batch_positions(self, batches: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """Sizes of the given batches and their :attr:`emit` entries, concatenated in order."""
-        ids = np.asarray(batches, dtype=np.int64)
+        ids = np.arange(batches.start, batches.stop, batches.step) if type(batches) is range else np.asarray(batches)
+        ids = ids.astype(np.int64, copy=False)
         if self.batch_ends is not None:
             ends = self.batch_ends
         else:

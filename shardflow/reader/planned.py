@@ -1,7 +1,8 @@
 """The main loop of a pass over a worker's planned samples: :func:`read_planned`.
 
-Samples come out as read (``__key__``, ``__url__``, fields as bytes): :class:`.samples.Prepare`
-makes them ready. It steps through the read positions in read order (:mod:`.runs`); a run's next
+Samples come out as read, whole (``__key__``, ``__url__``, fields as bytes, ``__source__`` 0,
+one dict made by the tar reader: :func:`~shardflow.format.tar.iter_samples`' ``frame``):
+:class:`.samples.Prepare` makes them ready (and tags them again where there are several sources). It steps through the read positions in read order (:mod:`.runs`); a run's next
 samples come from its open stream (:mod:`.streams`), and anything unusual (a
 stream to open, a failure, the end of a shard) goes to :mod:`.recovery`. A block
 of positions that read the next samples of an open run, all wanted, goes in one
@@ -32,17 +33,9 @@ Sample = dict[str, Any]
 
 
 def read_planned(
-    plan: RankPlan,
-    needed: np.ndarray,
-    source: ShardSet,
-    io: storage.IOOptions,
-    policy: ErrorPolicy,
-    offsets: Callable[[int], np.ndarray | None],
-    expand: int = 1,
-    prepare: Callable[[Sample], list[Any] | None] | None = None,
-    *,
-    positioned: bool = True,
-    hold: int | None = None,
+    plan: RankPlan, needed: np.ndarray, source: ShardSet, io: storage.IOOptions, policy: ErrorPolicy,
+    offsets: Callable[[int], np.ndarray | None], expand: int = 1, prepare: Callable[[Sample], list[Any] | None] | None = None,
+    *, positioned: bool = True, hold: int | None = None,
 ) -> Iterator[Any]:
     """Read the needed positions of a rank's plan, in read order.
 
@@ -63,10 +56,11 @@ def read_planned(
 
     Yields:
         ``(position, item)`` for every needed position, in read order (or the
-        ``item`` alone, see ``positioned``); ``item`` is None when it was dropped.
+        ``item`` alone, see ``positioned``); ``item`` is None when it was dropped. Without
+        ``prepare``, an item is the sample whole, ``__source__`` 0 last (see the module's docstring).
     """
     k, many = expand, prepare is not None  # with expand == 1 too: the sample is still prepared
-    opened = _open(plan, needed, source, io, policy, offsets, k, not many and not positioned, hold)
+    opened = _open(plan, needed, source, io, policy, offsets, k, not many and not positioned, hold, not many)
     if opened is None:
         return
     table, recovery, steps = opened
@@ -83,13 +77,13 @@ def read_planned(
             item = error = None
             it = iters.get(s)
             if it is not None and ahead > 1:  # the common case: the run is open, its next samples wanted
-                url, done = run_url[s], 0
+                done = 0
                 try:
                     for item in islice(it.samples, ahead):
                         fields = item[2]
                         if type(fields) is not dict:  # a bad sample: the general code below drops it
                             break
-                        yield {"__key__": item[0], "__url__": url, **fields}  # raw_sample() inlined: the hot loop
+                        yield fields  # whole already (the stream's frame): one dict a sample
                         done += 1
                     else:
                         item = None
@@ -127,7 +121,7 @@ def read_planned(
                     yield (pos, got) if positioned else got
                 continue
             if want:
-                sample = _sample(item, run_url[s], policy)
+                sample = _sample(item, policy)
                 yield (pos, sample) if positioned else sample
     finally:
         streams.close()
@@ -143,27 +137,28 @@ def _open(
     k: int,
     in_blocks: bool,
     hold: int | None,
+    whole: bool,
 ) -> tuple[RunTable, Recovery, Iterator[tuple[int, int, int, bool, int]]] | None:
-    """The run table, its recovery (and streams) and the steps of :func:`read_planned`;
-    None when no position is needed."""
+    """The run table, its recovery (and streams: with ``whole``, samples come whole, tagged
+    ``__source__`` 0) and the steps of :func:`read_planned`; None when no position is needed."""
     table = RunTable.build(plan, needed, source, k, in_blocks=in_blocks and fastpath.enabled("blocks"))
     if table is None:
         return None
-    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold))
+    recovery = Recovery(table, source, policy, RunStreams(table, source, io, offsets, hold, 0 if whole else None))
     steps = table.steps()
     if recovery.streams.limit is not None and hold is not None:
         steps = _released(steps, hold + 1 - table.lo, recovery.streams.release)
     return table, recovery, steps
 
 
-def _sample(item: tuple[str, int, Any], url: str, policy: ErrorPolicy) -> Sample | None:
-    """The sample dict of a read ``(key, offset, fields)``, or None for a bad sample (``fields``
-    a SampleError, handed to ``policy``)."""
-    key, _, fields = item
-    if type(fields) is not dict:
-        policy.handle(fields)
+def _sample(item: tuple[str, int, Any], policy: ErrorPolicy) -> Sample | None:
+    """The sample of a read ``(key, offset, sample)`` (made whole by its stream), or None for a bad
+    sample (a SampleError in its place, handed to ``policy``)."""
+    sample = item[2]
+    if type(sample) is not dict:
+        policy.handle(sample)
         return None
-    return raw_sample(key, url, fields)
+    return sample
 
 
 _MISS = object()

@@ -15,6 +15,8 @@ import numpy as np
 
 from .. import storage
 from ..errors import ManifestError, ShardflowError, ShardFormatError, TruncatedShardError
+from ..format.layouts import Layouts
+from ..format.wholes import Frame
 from ..format.tar import iter_samples
 from ..sources.source import ShardSet
 
@@ -97,6 +99,7 @@ def open_segment(
     offsets: np.ndarray | None,
     io: storage.IOOptions,
     walk: np.ndarray | None = None,
+    tag: int | None = None,
 ) -> Opened:
     """Samples ``[start, stop)`` of one shard, seeking with the offset index if any.
 
@@ -110,6 +113,8 @@ def open_segment(
             tar headers faster (:func:`iter_samples`' ``walk_starts``) and to
             tell where samples start (its ``starts``), as a read that seeks with
             it does: one sample per indexed position, whichever way the shard is read.
+        tag: with it, each sample comes whole, with ``__source__`` ``tag``, in place of its
+            fields (:func:`iter_samples`' ``frame``).
 
     Returns:
         The opened segment; its stream is already reading.
@@ -117,6 +122,7 @@ def open_segment(
     url = source.urls[shard]
     io = source.options_for(shard, io)  # a source's own storage options
     check = _size_check(source, shard)
+    frame = (url, tag) if tag is not None else None
     manifest = source.manifest
     pin = (manifest.shards[shard].sha256 or None) if manifest is not None else None  # (finds a cached copy)
     if offsets is not None:
@@ -124,18 +130,22 @@ def open_segment(
         frames = source.load_frames(shard, io)  # a framed .tar.zst: tar offsets, served frame by frame
         if frames is not None:
             raw = storage.open_framed(url, lo, hi, frames, io, check_size=check)
+            layouts = None
         else:
-            raw = storage.open_chunks(url, lo, hi, io, check_size=check, digest=pin)
-        return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1], framed=frames is not None))
+            layouts = Layouts()  # (bound when a local file opens: see format.layouts)
+            raw = storage.open_chunks(url, lo, hi, io, check_size=check, digest=pin, opened=layouts.opened)
+        return Opened(raw, _seek_samples(raw, url, lo, hi, io, offsets[start : stop + 1], framed=frames is not None,
+                                         layouts=layouts, frame=frame))
     # read to the end: the manifest's digest checks the bytes where the store gives no validator
     # (a local file always has one: its size, mtime and inode, see storage.readers.local)
     sha = manifest.shards[shard].sha256 if manifest is not None and stop >= manifest.shards[shard].samples else None
     if storage.is_local(url):
         sha = None
-    raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha, digest=pin)
+    layouts = Layouts()
+    raw = storage.open_chunks(url, 0, None, io, check_size=check, sha256=sha, digest=pin, opened=layouts.opened)
     chunks: Iterator[bytes] = _Unclosed(raw) if sha else raw  # the tar reader stops at the end-of-archive
     samples = iter_samples(storage.decompressing_chunks(chunks, url), url, 0, limit=stop, sample_errors="yield",
-                           limits=io.limits, starts=walk, walk_starts=walk)
+                           limits=io.limits, starts=walk, walk_starts=walk, layouts=layouts, frame=frame)
     if sha:
         samples = _drained(samples, raw)
     return Opened(raw, _from(samples, start) if start else samples)
@@ -188,14 +198,15 @@ class _Unclosed:
 
 
 def _seek_samples(
-    raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray, framed: bool = False
+    raw: Iterator[bytes], url: str, lo: int, hi: int, io: storage.IOOptions, starts: np.ndarray, framed: bool = False,
+    layouts: Layouts | None = None, frame: Frame | None = None,
 ) -> Iterator[Any]:
     """Samples of the tar bytes ``[lo, hi)`` (``starts``: their offsets); a compressed shard gets an error that says so
     (not a framed one, read through its frame table: its format error is the one to report)."""
     try:
         # one sample (a scattered plan's read): the bulk header walk costs more than it saves
         yield from iter_samples(raw, url, lo, end=hi, sample_errors="yield", limits=io.limits, starts=starts,
-                                walk_starts=starts if len(starts) > 2 else None)
+                                walk_starts=starts if len(starts) > 2 else None, layouts=layouts, frame=frame)
     except ShardFormatError as e:
         if framed:
             raise

@@ -39,6 +39,8 @@ class RunStreams:
         offsets: ``offsets(shard)``: the shard's offset index, or None.
         hold: a read position (the first batch's last): runs first read after it are
             not opened ahead before :meth:`release` (remote runs only; None: no hold).
+        tag: with it, the samples come whole, with ``__source__`` ``tag`` (see
+            :func:`~.segments.open_segment`).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class RunStreams:
         io: storage.IOOptions,
         offsets: Callable[[int], np.ndarray | None],
         hold: int | None = None,
+        tag: int | None = None,
     ) -> None:
         self.open: dict[int, Opened] = {}
+        self._tag = tag
         self._table = table
         self._source = source
         self._io = io
@@ -99,7 +103,7 @@ class RunStreams:
         t = self._table
         shard = t.shard[s]
         it = self.open[s] = open_segment(
-            self._source, shard, start, t.last[s] // t.expand + 1, self._offsets(shard), self._io
+            self._source, shard, start, t.last[s] // t.expand + 1, self._offsets(shard), self._io, tag=self._tag
         )
         return it
 
@@ -116,7 +120,7 @@ class RunStreams:
         # A local shard read whole still gets its offset index (one small local read), to walk
         # its headers for many samples at once.
         index = self._offsets(shard) if not self._ahead or not whole else None
-        return open_segment(self._source, shard, start, stop, None if whole else index, self._io, index)
+        return open_segment(self._source, shard, start, stop, None if whole else index, self._io, index, self._tag)
 
     def drop(self, s: int) -> None:
         """Close run ``s``'s stream, if open."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from ..accounting import count, timed_chunks
 from .sharing.cache import cached_chunks
@@ -20,7 +20,8 @@ __all__ = ["open_chunks"]
 def open_chunks(url: str, start: int = 0, end: int | None = None,
                 options: IOOptions = DEFAULT_OPTIONS, *,
                 check_size: Callable[[int], None] | None = None,
-                sha256: str | None = None, digest: str | None = None) -> Iterator[bytes]:
+                sha256: str | None = None, digest: str | None = None,
+                opened: Callable[[int | None, Mapping[str, str]], None] | None = None) -> Iterator[bytes]:
     """The byte stream the tar reader consumes: cache, then retried reads, then read-ahead.
 
     With ``options.cache_dir`` set and a remote ``url``, the whole object is first
@@ -42,6 +43,9 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
         digest: the manifest's sha256 of the object, for any range: with
             ``options.cache_dir``, the cached copy is checked against it when
             filled and found by it again without a request (default: ``sha256``).
+        opened: for a local file, called with its size and identity (``fstat`` of the
+            file opened: ``dev``, ``ino``, ``size``, ``mtime``, ``ctime``) when it is
+            first opened; not called for other stores.
 
     Returns:
         An iterator of ``bytes`` chunks as :func:`iter_chunks`; close it to release
@@ -52,7 +56,7 @@ def open_chunks(url: str, start: int = 0, end: int | None = None,
     if is_local(url):
         # The kernel reads ahead on local files; a thread here only adds GIL hand-offs
         # (measured: ~20% of raw iteration time spent waiting on its queue).
-        return timed_chunks(retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256), True)
+        return timed_chunks(retried_chunks(url, start, end, options, check_size=check_size, sha256=sha256, opened=opened), True)
     if options.cache_dir is not None:
         source = cached_chunks(url, start, end, options, check_size, digest or sha256)
     elif scope_of(options) is not None:  # the rank's workers share the fetches, in threads of their own

@@ -89,4 +89,7 @@ class LocalReader(FileObjectReader):
 
     def describe(self) -> tuple[dict[str, str], int | None]:
         st: Any = os.fstat(self._file.fileno())
-        return {"size": str(st.st_size), "mtime": str(st.st_mtime_ns), "ino": str(st.st_ino)}, st.st_size
+        # dev and ctime too: together they tell one version of a file from any other (format.layouts)
+        identity = {"size": str(st.st_size), "mtime": str(st.st_mtime_ns), "ino": str(st.st_ino), "dev": str(st.st_dev),
+                    "ctime": str(st.st_ctime_ns)}
+        return identity, st.st_size
