@@ -624,17 +624,37 @@ def test_local_tree_reads_the_whole_file_whatever_size_was_listed(tmp_path, size
     assert LocalTree(str(tmp_path)).read("a/b.jpg", size) == data
 
 
-def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch):
+@pytest.mark.parametrize("order", ["walk", "shuffled"])
+def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch, order):
     from shardflow.convert.images.walk import LocalTree
 
     src = tmp_path / "src"
     write(src / "cat" / "a.jpg", image_bytes("jpeg", 1))
     write(src / "cat" / "b.jpg", image_bytes("jpeg", 2))
-    real = LocalTree.stat
-    monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (lambda s: (s[0] + (rel == "cat/b.jpg"), s[1]))(real(self, rel)))
+    if order == "walk":  # the size the listing's stat saw
+        real = LocalTree.stat
+        monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (lambda s: (s[0] + (rel == "cat/b.jpg"), s[1]))(real(self, rel)))
+    else:  # the shuffled order lists names alone: the size the open file had (fstat) before its read
+        real_read = LocalTree.read_versioned
+        monkeypatch.setattr(LocalTree, "read_versioned",
+                            lambda self, rel: (lambda d, n, v: (d, n + (rel == "cat/b.jpg"), v))(*real_read(self, rel)))
     with pytest.raises(ConversionError, match=r"cat/b\.jpg: changed during the conversion"):
-        convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1))
+        convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1), order=order)
     assert not (tmp_path / "out" / "train-000000.tar").exists()
+
+
+@pytest.mark.parametrize("length", [0, 100, 3 << 20])
+def test_local_tree_read_versioned_takes_size_and_version_from_the_open_file(tmp_path, length):
+    from shardflow.convert.images.walk import LocalTree
+
+    data = np.random.default_rng(length).bytes(length)
+    write(tmp_path / "a" / "b.jpg", data)
+    os.utime(tmp_path / "a" / "b.jpg", ns=(1, 1_234_567_891_011))
+    tree = LocalTree(str(tmp_path))
+    assert tree.read_versioned("a/b.jpg") == (data, length, 1_234_567_891_011)
+    assert tree.stat("a/b.jpg") == (length, 1_234_567_891_011)  # what a re-run compares it with
+    with pytest.raises(FileNotFoundError):
+        tree.read_versioned("a/missing.jpg")
 
 
 @pytest.mark.slow

@@ -174,6 +174,28 @@ class LocalTree(Tree):
         st = os.stat(self._prefix + rel)
         return st.st_size, st.st_mtime_ns
 
+    def read_versioned(self, rel: str) -> tuple[bytes, int, int]:
+        """``(bytes, size, mtime in ns)`` of a file (symlinks followed): size and version
+        from the open file (``fstat``), the bytes read from it after; they differ in
+        length only when the file changed in between (the caller checks it).
+
+        Raises:
+            OSError: the file cannot be opened or read.
+        """
+        fd = os.open(self._prefix + rel, _READ_FLAGS)
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            data = os.read(fd, size + 1)
+            if len(data) > size:  # it grew since: read it all, for the caller to see the change
+                chunks = [data]
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            return data, size, st.st_mtime_ns
+        finally:
+            os.close(fd)
+
     def dir_id(self, rel: str) -> Any:
         try:
             st = os.stat(self.url(rel))
