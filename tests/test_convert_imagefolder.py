@@ -300,6 +300,31 @@ def test_key_rule_property(files: list[tuple[str, str]]) -> None:
         assert (recorded is None) == (sum(n.rpartition(".")[0] == stem for n in names) == 1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_shuffled_odd_tree_is_the_walk_permuted(odd_tree: Path, tmp_path: Path, workers: int) -> None:
+    """The shuffled order lists names alone (:mod:`shardflow.convert.images.imagelist`): on a tree
+    with escaped and suffixed keys, nesting, links, hidden and ignored entries and many formats
+    it writes the walk's samples in the seeded permutation, with the walk's counts and names."""
+    options = ConvertOptions(max_count=5, workers=workers)
+    walk = convert_imagefolder(odd_tree, str(tmp_path / "walk"), options=options, follow_links=True, order="walk")
+    walked = [s for name in tars(tmp_path / "walk") for s in shard_samples(tmp_path / "walk" / name)]
+    mixed = convert_imagefolder(odd_tree, str(tmp_path / "mixed"), options=options, follow_links=True)
+    samples = [s for name in tars(tmp_path / "mixed") for s in shard_samples(tmp_path / "mixed" / name)]
+    assert samples == [walked[i] for i in input_order(len(walked), 0)]
+    assert [s.samples for s in mixed.shards] == [5, 5, 2]
+    assert mixed.meta["order"] == "shuffled" and walk.meta["order"] == "walk"
+    same = ("class_to_idx", "class_counts", "image_fields", "ignored_files", "skipped_dirs", "ignored", "skipped_count")
+    assert {k: mixed.meta[k] for k in same} == {k: walk.meta[k] for k in same}
+    assert mixed.fields == walk.fields
+
+
+def test_shuffled_keeps_an_empty_class_with_allow_empty(junk_tree: Path, tmp_path: Path) -> None:
+    manifest = convert_imagefolder(junk_tree, str(tmp_path / "out"), allow_empty=True, options=ConvertOptions(workers=1))
+    assert manifest.meta["class_counts"] == {"cat": 2, "dog": 2, "empty": 0, "notes": 0}
+    assert sorted(k for name in tars(tmp_path / "out") for k, _ in shard_samples(tmp_path / "out" / name)) == [
+        "cat/a", "cat/b", "dog/C", "dog/D"]  # fmt: skip
+
+
 def test_extensions_option(odd_tree: Path, tmp_path: Path) -> None:
     manifest = convert_imagefolder(odd_tree, str(tmp_path / "out"), extensions=(".PNG", "jpeg"), allow_empty=True)
     assert manifest.meta["class_counts"] == {"bird": 3, "fish": 0}
