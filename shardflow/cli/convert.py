@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
+    # the converter is imported with its parser, as pyg's and arrays' are (its orders and defaults
+    # come from it), not in the handler: a program that builds the parser first (a benchmark, a
+    # long-lived tool calling main() repeatedly) has it imported before it converts
+    from ..convert.images import imagefolder
+
     parser = kinds.add_parser(
         "imagefolder",
         help="convert an ImageFolder tree (SRC/<class>/<image>) into shards",
@@ -67,7 +72,7 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
     parser.add_argument("--quality", type=int, default=90, metavar="Q",
                         help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
-    parser.add_argument("--order", choices=["shuffled", "walk"], default="shuffled",
+    parser.add_argument("--order", choices=list(imagefolder.ORDERS), default=imagefolder.DEFAULT_ORDER,
                         help="shuffled (default): images in a seeded random order, every shard mixing the classes; "
                         "walk: classes one after the other, as listed (for data that must stay ordered)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")

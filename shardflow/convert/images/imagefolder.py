@@ -67,6 +67,8 @@ from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "ORDERS",
+    "DEFAULT_ORDER",
     "convert_imagefolder",
     "find_classes",
     "count_images",
