@@ -121,13 +121,17 @@ class IndexedShardDataset(Dataset):
             transform that raises makes a bad sample (reason ``"transform"``).
         on_error: ``"raise"`` (default), ``"skip"`` or ``"warn"`` (see above and
             :class:`~shardflow.policy.ErrorPolicy`).
-        storage_options: passed to fsspec (credentials, endpoint, ...).
+        storage_options: fsspec options (credentials, endpoint, ...): a shortcut that
+            stays, equal to ``io=IOOptions(storage_options=...)``; ``ValueError`` when
+            ``io`` is given too (the options live in one place).
         max_open: shards whose offset index (and local file descriptor) stay
             cached, least recently used evicted.
         io: retries and storage options, a :class:`~shardflow.storage.IOOptions`
             (instead of ``storage_options``).
 
     Attributes:
+        shards: the shards read (a :class:`~shardflow.sources.shardset.ShardSet`: URLs,
+            offset indexes, the manifest and per-shard sample counts).
         stats: this process's counters (``samples`` returned, ``skipped`` and one
             per reason; each DataLoader worker counts in its own copy).
 
@@ -173,31 +177,31 @@ class IndexedShardDataset(Dataset):
         self.fields = tuple(fields) if fields is not None else None
         self.on_error = on_error
         self._policy = ErrorPolicy(on_error)  # validates
-        self.source: ShardSet = resolve_source(source, io)
-        manifest = self.source.manifest
+        self.shards: ShardSet = resolve_source(source, io)
+        manifest = self.shards.manifest
         if manifest is None:
             raise ManifestError(
-                f"{self.source.urls[0]}{' ...' if len(self.source.urls) > 1 else ''}: no shardflow.json manifest, "
+                f"{self.shards.urls[0]}{' ...' if len(self.shards.urls) > 1 else ''}: no shardflow.json manifest, "
                 "so samples cannot be addressed by index; run `shardflow index` on the shards to write the "
                 "manifest and offset indexes"
             )
-        compressed = [u for u, info in zip(self.source.urls, manifest.shards)
+        compressed = [u for u, info in zip(self.shards.urls, manifest.shards)
                       if u.lower().endswith(COMPRESSED_SUFFIXES) and not info.frames]
         if compressed:
             raise ShardFormatError(_compressed_message(compressed[0], len(compressed)), reason="compressed_shard")
-        missing = [u for u, ix in zip(self.source.urls, self.source.index_urls) if ix is None]
+        missing = [u for u, ix in zip(self.shards.urls, self.shards.index_urls) if ix is None]
         if missing:
             raise ManifestError(
-                f"{len(missing)} of {len(self.source.urls)} shards have no offset index in {manifest.url} "
+                f"{len(missing)} of {len(self.shards.urls)} shards have no offset index in {manifest.url} "
                 f"(first: {missing[0]}); random access needs one per shard: run `shardflow index` on them "
                 "(compressed shards never get one: random access needs uncompressed .tar shards)",
                 reason="missing_index",
             )
         check_fields(manifest, self.fields)
-        self._sources = self.source.source_by_url()
+        self._sources = self.shards.source_by_url()
         self._prepare = Prepare(self._policy, fields=self.fields, sources=self._sources, decode=self.decode)
         # first global index of each shard, plus the total (a list: bisect on it is faster per call)
-        self._starts: list[int] = [0, *np.cumsum(self.source.counts).tolist()]
+        self._starts: list[int] = [0, *np.cumsum(self.shards.counts).tolist()]
         self._reset_cache()
 
     # ------------------------------------------------------------ cache
@@ -253,10 +257,10 @@ class IndexedShardDataset(Dataset):
         return entry
 
     def _open(self, shard: int) -> _Shard:
-        url = self.source.urls[shard]
-        index_url = self.source.index_urls[shard]
+        url = self.shards.urls[shard]
+        index_url = self.shards.index_urls[shard]
         try:
-            offsets = self.source.load_offsets(shard, self.io)
+            offsets = self.shards.load_offsets(shard, self.io)
         except FileNotFoundError as e:
             raise ManifestError(
                 f"{url}: its offset index {index_url} is missing; run `shardflow index` to rewrite it",
@@ -272,8 +276,8 @@ class IndexedShardDataset(Dataset):
         entry = _Shard(offsets, fd)
         try:
             if fd is not None:
-                _check_size(self.source, shard, os.fstat(fd).st_size)
-            entry.frames = self.source.load_frames(shard, self.io)
+                _check_size(self.shards, shard, os.fstat(fd).st_size)
+            entry.frames = self.shards.load_frames(shard, self.io)
             if entry.frames is not None:
                 return entry
             head = os.pread(fd, 4, 0) if fd is not None else storage.read_range(url, 0, 4, self.io)
@@ -292,14 +296,21 @@ class IndexedShardDataset(Dataset):
         return self._starts[-1]
 
     @property
+    def source(self) -> ShardSet:
+        """The same object as :attr:`shards`, under its old name (kept for one release: "source"
+        now means one input of several, :class:`~shardflow.Source`, and a sample's
+        ``__source__`` says which)."""
+        return self.shards
+
+    @property
     def urls(self) -> list[str]:
         """Shard URLs in manifest order."""
-        return list(self.source.urls)
+        return list(self.shards.urls)
 
     @property
     def manifest(self):  # noqa: ANN201 - Manifest
         """The dataset's manifest."""
-        return self.source.manifest
+        return self.shards.manifest
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard number, sample number within the shard)`` of a global index.
@@ -320,7 +331,7 @@ class IndexedShardDataset(Dataset):
     def read_raw(self, index: int) -> dict[str, Any]:
         """Sample ``index`` with its fields as stored bytes (no decoding, no transform)."""
         shard, local = self.locate(index)
-        url = self.source.urls[shard]
+        url = self.shards.urls[shard]
         entry = self._shard(shard)
         start, end = int(entry.offsets[local]), int(entry.offsets[local + 1])
         if entry.frames is not None:

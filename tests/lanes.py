@@ -114,7 +114,7 @@ PROCESS_TESTS = {
         test_webdataset_reads_the_shards
     """,
     "test_convert_lines": """
-        test_gzip_text_lines_exact test_jsonl_100k_lines_exact_in_order
+        test_gzip_text_lines_exact test_jsonl_100k_lines_exact_in_window_order
         test_malformed_json_names_the_line
     """,
     "test_convert_lmdb": """
@@ -130,6 +130,7 @@ PROCESS_TESTS = {
         test_forked_workers_after_torch_threads_do_not_hang
         test_in_memory_dataset_root_bytes_proportional test_on_disk_dataset_root
     """,
+    "test_convert_record_orders": "test_a_killed_shuffled_conversion_resumes_byte_identical",
     "test_convert_remote": "test_cli_refuses_another_dataset_and_reports_kept_shards test_memory_tree",
     "test_convert_write": """
         test_a_build_function_that_does_not_pickle_is_an_error_with_workers

@@ -196,8 +196,8 @@ def test_window_reads_the_stored_samples_and_drops_only_what_a_cut_shard_lost(tm
     assert [s["__key__"] for s in mixed] != sorted(stored)
     # shard 2 cut 100 bytes into its sample 30: samples 130..149 are lost, each counted, the rest read
     ds = shardflow.ShardDataset(folder, shuffle=True, seed=1, decode=None, on_error="skip")
-    cut = int(ds.source.load_offsets(2, ds.io)[30]) + 100
-    path = Path(ds.source.urls[2])
+    cut = int(ds.shards.load_offsets(2, ds.io)[30]) + 100
+    path = Path(ds.shards.urls[2])
     path.write_bytes(path.read_bytes()[:cut])
     got = [s["__key__"] for s in ds]
     assert sorted(got) == sorted(sample_key(i) for i in range(200) if not 130 <= i < 150)

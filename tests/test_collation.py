@@ -17,6 +17,7 @@ from torch_geometric.datasets import FakeDataset, FakeHeteroDataset  # noqa: E40
 
 from shardflow.loading.collation import Collate  # noqa: E402
 from shardflow.convert.pyg import to_shards  # noqa: E402
+from tests.order_reference import reference_permutation  # noqa: E402
 
 FIELD = "graph.pyg"
 
@@ -89,7 +90,8 @@ def test_golden_fake_dataset_follow_batch(fake):
         assert isinstance(got, Batch)
         assert "x_batch" in got and "x_ptr" in got
         assert_batch_equal(got, Batch.from_data_list([graphs[_index(k)] for k in keys], follow_batch=["x"]))
-    assert [k for b in batches for k in b["__key__"]] == [f"{i:09d}" for i in range(100)]
+    # stored in the converters' default order, the graphs' seeded permutation
+    assert [k for b in batches for k in b["__key__"]] == [f"{i:09d}" for i in reference_permutation(100)]
 
 
 def test_golden_shuffled_with_workers_and_exclude_keys(fake):
@@ -168,7 +170,7 @@ def _mixed_graphs():
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_graphs_that_differ_raise_naming_the_samples(tmp_path, num_workers):
     folder = str(tmp_path / "mixed")
-    to_shards(_mixed_graphs(), folder, workers=1)
+    to_shards(_mixed_graphs(), folder, workers=1, order="walk")  # graphs 4 and 5 in one batch of 4, 5 after 4
     loader = shardflow.loader(ShardDataset(folder), batch_size=4, num_workers=num_workers, collate_fn=Collate())
     with pytest.raises(SampleError) as info:
         list(loader)
@@ -230,7 +232,8 @@ def test_migration_recipe_in_memory_dataset(tmp_path):
     manifest = to_shards(ds, str(tmp_path / "shards"))
     assert manifest.meta["num_graphs"] == 48 and manifest.meta["num_classes"] == 10
     ours = list(shardflow.loader(ShardDataset(str(tmp_path / "shards")), batch_size=16))
-    theirs = list(DataLoader(ds, batch_size=16, shuffle=False))
+    # the shards hold the graphs in a seeded permutation (the default order): PyG's loader over it
+    theirs = list(DataLoader(ds[reference_permutation(48)], batch_size=16, shuffle=False))
     assert len(ours) == len(theirs) == 3
     for a, b in zip(ours, theirs):
         assert_batch_equal(a[FIELD], b)

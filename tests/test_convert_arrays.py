@@ -10,14 +10,13 @@ import os
 import h5py
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import shardflow
 from shardflow.cli import main
-from shardflow.convert.records.arrays import RowReader, _runs, convert_arrays, inspect_array
+from shardflow.convert.records.arrays import RowReader, convert_arrays, inspect_array
 from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.errors import ConversionError
+from tests.order_reference import reference_permutation
 
 ROWS = 5000
 
@@ -52,32 +51,35 @@ def test_npy_rows_round_trip_stream_and_indexed(images, tmp_path, as_image):
     assert m.meta["field"] == field and m.meta["labels"]["field"] == "cls"
     assert set(m.fields) == {field, "cls"}
 
+    assert m.meta["order"] == "shuffled" and m.meta["order_seed"] == 0
+    order = reference_permutation(ROWS)  # the default order: position p holds row order[p]
     got = read_stream(dst)
-    assert [s["__key__"] for s in got] == [f"{i:09d}" for i in range(ROWS)]
-    for i, s in enumerate(got):
+    assert [s["__key__"] for s in got] == [f"{i:09d}" for i in order]
+    for i, s in zip(order, got):
         assert s[field].dtype == np.uint8 and s[field].shape == (64, 64, 3)
         assert np.array_equal(s[field], x[i]), i
         assert s["cls"] == y[i]
 
     ds = shardflow.IndexedShardDataset(str(dst), decode="numpy")
     assert len(ds) == ROWS
-    for i in range(ROWS):
-        s = ds[i]
+    for p in range(ROWS):
+        s, i = ds[p], order[p]
         assert s["__key__"] == f"{i:09d}"
         assert np.array_equal(s[field], x[i]) and s["cls"] == y[i], i
 
 
 def test_chunks_much_smaller_than_source(tmp_path):
-    """A source 20x the chunk: every row written once, in order, exactly (memory is measured by
-    tools/bench_arrays_memory.py)."""
+    """A source 20x the chunk: every row written once, exactly, in the walk's order or the
+    shuffled one (memory is measured by tools/bench_arrays_memory.py)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2000, 3, 5)).astype(np.float64)
     np.save(tmp_path / "x.npy", x)
-    m = convert_arrays(tmp_path / "x.npy", str(tmp_path / "out"), chunk_rows=100,
-                       options=ConvertOptions(max_count=2000, workers=1))
-    assert len(m.shards) == 1 and m.num_samples == 2000
-    got = np.stack([s["npy"] for s in read_stream(tmp_path / "out")])
-    assert got.dtype == np.float64 and np.array_equal(got, x)
+    for order, rows in (("walk", list(range(2000))), ("shuffled", reference_permutation(2000))):
+        m = convert_arrays(tmp_path / "x.npy", str(tmp_path / order), chunk_rows=100, order=order,
+                           options=ConvertOptions(max_count=2000, workers=1))
+        assert len(m.shards) == 1 and m.num_samples == 2000 and m.meta["order"] == order
+        got = np.stack([s["npy"] for s in read_stream(tmp_path / order)])
+        assert got.dtype == np.float64 and np.array_equal(got, x[rows])
 
 
 def test_row_reader_reads_ranges_of_every_kind(tmp_path):
@@ -115,8 +117,9 @@ def test_npz_members_and_labels_by_name(tmp_path):
                        as_image="png", options=ConvertOptions(max_count=64, workers=2))
     assert m.meta["source"].endswith("d.npz:images") and m.meta["labels"]["field"] == "cls"
     got = read_stream(tmp_path / "out")
-    assert len(got) == 300
-    for i, s in enumerate(got):
+    assert [int(s["__key__"]) for s in got] == reference_permutation(300)  # a compressed member, shuffled
+    for s in got:
+        i = int(s["__key__"])
         assert np.array_equal(s["png"][..., 0], x[i]) and s["cls"] == y[i]  # grey decodes to RGB
 
 
@@ -140,13 +143,15 @@ def test_hdf5_matrices_exact_and_cropped(tmp_path):
     assert len(m.shards) == 3 and m.meta["dtype"] == "<f4" and m.meta["row_shape"] == [512, 512]
     assert m.meta["array"] == "sim/velocity" and m.meta["labels"]["field"] == "label.npy"
     got = read_stream(tmp_path / "out")
-    for i, s in enumerate(got):
+    order = reference_permutation(8)
+    assert [int(s["__key__"]) for s in got] == order
+    for i, s in zip(order, got):
         assert s["npy"].dtype == np.float32 and np.array_equal(s["npy"], mats[i])
         assert np.array_equal(s["label.npy"], targets[i])
     crops = shardflow.IndexedShardDataset(str(tmp_path / "out"), transform=tensor_crop)
     assert len(crops) == 8
-    for i in range(8):
-        assert np.array_equal(crops[i], mats[i, :20, :20])
+    for p in range(8):
+        assert np.array_equal(crops[p], mats[order[p], :20, :20])
     # --array NAME gives the same shards as FILE:NAME (byte-identical without the labels' field)
     m2 = convert_arrays(path, str(tmp_path / "out2"), array="/sim/velocity", options=ConvertOptions(max_count=3, workers=1))
     m3 = convert_arrays(f"{path}:sim/velocity", str(tmp_path / "out3"), options=ConvertOptions(max_count=3, workers=2))
@@ -165,7 +170,7 @@ def test_exact_dtypes_and_structured_rows(tmp_path):
         convert_arrays(tmp_path / f"{name}.npy", str(tmp_path / name), options=ConvertOptions(workers=1))
         got = [s["npy"] for s in read_stream(tmp_path / name)]
         assert len(got) == len(ref)
-        for a, b in zip(got, ref):
+        for a, b in zip(got, ref[reference_permutation(len(ref))]):
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
@@ -182,7 +187,8 @@ def test_resume_keeps_shards_and_notices_changed_settings(tmp_path, images):
     m = convert_arrays(src, str(dst), as_image="png", options=opts)  # another encoding: rewritten
     assert m.fields.keys() >= {"png"}
     got = read_stream(dst)
-    assert all("png" in s and "npy" not in s and np.array_equal(s["png"], x[i]) for i, s in enumerate(got))
+    assert [int(s["__key__"]) for s in got] == reference_permutation(200)
+    assert all("png" in s and "npy" not in s and np.array_equal(s["png"], x[int(s["__key__"])]) for s in got)
 
 
 def test_refuses_what_cannot_round_trip(tmp_path):
@@ -213,11 +219,28 @@ def test_empty_array_gives_empty_manifest(tmp_path):
     assert m.num_samples == 0 and m.meta["rows"] == 0
 
 
-@given(st.lists(st.integers(0, 60), unique=True).map(sorted), st.integers(1, 9))
-def test_runs_cover_rows_in_consecutive_chunks(rows, chunk):
-    runs = list(_runs(rows, chunk))
-    assert [r for a, b in runs for r in range(a, b)] == rows
-    assert all(0 < b - a <= chunk for a, b in runs)
+def test_rows_in_any_order_come_back_in_that_order(tmp_path):
+    """RowReader.rows (a shuffled conversion's chunk): each kind of source gives x[rows], in the
+    order asked, for runs, gaps and reversed rows alike."""
+    x = np.arange(61 * 3 * 2, dtype=np.int32).reshape(61, 3, 2)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "s.npz", x=x)
+    np.savez_compressed(tmp_path / "c.npz", x=x, f=np.asfortranarray(x))
+    np.save(tmp_path / "f.npy", np.asfortranarray(x))
+    with h5py.File(tmp_path / "h.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(7, 3, 2), compression="gzip")
+    sources = [str(tmp_path / n) for n in ("x.npy", "f.npy", "s.npz:x", "c.npz:x", "c.npz:f", "h.h5:x")]
+    rng = np.random.default_rng(5)
+    cases = [[], [7], list(range(10, 20)), [60, 0, 30], list(range(60, -1, -1))]
+    cases += [rng.permutation(61)[: rng.integers(1, 61)].tolist() for _ in range(20)]
+    for src in sources:
+        with RowReader(inspect_array(src)) as reader:
+            for rows in cases:
+                got = reader.rows(rows)
+                assert got.shape == (len(rows), 3, 2) and got.flags.c_contiguous
+                assert np.array_equal(got, x[rows]), (src, rows)
+        with RowReader(inspect_array(src)) as reader, pytest.raises(IndexError):
+            reader.rows([3, 61])
 
 
 def test_cli(tmp_path, images, capsys):
@@ -229,8 +252,10 @@ def test_cli(tmp_path, images, capsys):
     assert rc == 0 and "120 rows" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "shardflow.json").read_text())
     assert [s["samples"] for s in manifest["shards"]] == [50, 50, 20]
+    assert manifest["meta"]["order"] == "shuffled"
     got = read_stream(tmp_path / "out")
-    assert all(np.array_equal(s["png"], x[i]) and s["cls"] == y[i] for i, s in enumerate(got)) and len(got) == 120
+    assert [int(s["__key__"]) for s in got] == reference_permutation(120)
+    assert all(np.array_equal(s["png"], x[i]) and s["cls"] == y[i] for i, s in ((int(s["__key__"]), s) for s in got))
     assert main(["convert", "arrays", str(tmp_path / "nope.npy"), str(tmp_path / "o")]) == 1
     assert "no such file" in capsys.readouterr().err
     assert os.path.exists(tmp_path / "out" / "train-000000.tar.idx.npy")
@@ -250,11 +275,12 @@ def test_default_chunk_is_shared_by_the_workers(tmp_path, monkeypatch):
     assert arrays.DEFAULT_MEMORY_BYTES == 32 << 20
     assert [arrays.default_chunk_rows(spec, w) for w in (1, 2, 3, 64)] == [32, 16, 10, 1]
     reads: list[int] = []
-    real = RowReader.read
-    monkeypatch.setattr(RowReader, "read", lambda self, a, b: reads.append(b - a) or real(self, a, b))
+    real = RowReader.take
+    monkeypatch.setattr(RowReader, "take", lambda self, rows: reads.append(len(rows)) or real(self, rows))
     m = convert_arrays(tmp_path / "x.npy", str(tmp_path / "out"), options=ConvertOptions(max_count=50, workers=1))
-    assert m.num_samples == 70 and reads == [32, 18, 20]  # shard 0: rows 0-49, shard 1: rows 50-69
+    assert m.num_samples == 70 and reads == [32, 18, 20]  # shard 0: 50 rows, shard 1: 20 rows
     import shardflow
 
     got = [np.load(io.BytesIO(bytes(s["npy"]))) for s in shardflow.ShardDataset(str(tmp_path / "out"), decode=None)]
-    assert [(g.shape, int(g[0, 0]), int(g[-1, -1])) for g in got] == [((1024, 1024), i, i) for i in range(70)]
+    rows = reference_permutation(70)
+    assert [(g.shape, int(g[0, 0]), int(g[-1, -1])) for g in got] == [((1024, 1024), i, i) for i in rows]

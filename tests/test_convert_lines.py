@@ -17,6 +17,14 @@ from shardflow.cli import main
 from shardflow.convert.engine.engine import ConvertOptions
 from shardflow.convert.records.lines import convert_lines, iter_lines
 from shardflow.errors import ConversionError
+from tests.order_reference import reference_window
+
+WINDOW = 16_384  # the documented default window of a JSON-lines file's shuffle
+
+
+def windowed(items: list) -> list:
+    """``items`` (the samples in the file's order) in the default JSON-lines order."""
+    return [items[j] for j in reference_window(len(items), WINDOW)]
 
 
 def records(n: int) -> list[object]:
@@ -42,16 +50,17 @@ def stream(dst):
     return list(shardflow.ShardDataset(str(dst), decode="numpy"))
 
 
-def test_jsonl_100k_lines_exact_in_order(tmp_path):
+def test_jsonl_100k_lines_exact_in_window_order(tmp_path):
     values = records(100_000)
     src = tmp_path / "data.jsonl"
     src.write_text("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in values), encoding="utf-8")
     m = convert_lines(src, str(tmp_path / "out"), options=ConvertOptions(max_count=10_000, workers=2))
     assert m.num_samples == 100_000 and len(m.shards) == 10
     assert m.meta["field"] == "json" and m.meta["lines"] == 100_000 and m.meta["compression"] is None
+    assert m.meta["order"] == "shuffled" and m.meta["order_seed"] == 0 and m.meta["order_window"] == WINDOW
     got = stream(tmp_path / "out")
-    assert [s["__key__"] for s in got] == [f"line-{i:09d}" for i in range(1, 100_001)]
-    assert [s["json"] for s in got] == values
+    assert [s["__key__"] for s in got] == windowed([f"line-{i:09d}" for i in range(1, 100_001)])
+    assert [s["json"] for s in got] == windowed(values)
 
 
 def test_gzip_text_lines_exact(tmp_path):
@@ -90,10 +99,11 @@ def test_zstd_and_name_detection(tmp_path):
     src.write_bytes(zstandard.ZstdCompressor().compress("\n".join(json.dumps(v) for v in values).encode()))
     m = convert_lines(src, str(tmp_path / "out"), options=ConvertOptions(max_count=128, workers=1))
     assert m.meta["compression"] == "zstd" and m.meta["field"] == "json"
-    assert [s["json"] for s in stream(tmp_path / "out")] == values
-    # the same bytes forced to text mode
+    assert [s["json"] for s in stream(tmp_path / "out")] == windowed(values)
+    # the same bytes forced to text mode (whose default order is the file's)
     m = convert_lines(src, str(tmp_path / "txt"), json_lines=False, options=ConvertOptions(workers=1))
     assert [s["txt"] for s in stream(tmp_path / "txt")] == [json.dumps(v) for v in values]
+    assert m.meta["order"] == "walk" and "order_window" not in m.meta
 
 
 def test_malformed_json_names_the_line(tmp_path):
@@ -117,8 +127,8 @@ def test_blank_json_lines_are_skipped_and_bom_dropped(tmp_path):
     src.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n   \n[2]\r\n"three"')
     m = convert_lines(src, str(tmp_path / "out"), options=ConvertOptions(workers=1))
     got = stream(tmp_path / "out")
-    assert [(s["__key__"], s["json"]) for s in got] == [("line-000000001", {"a": 1}), ("line-000000004", [2]),
-                                                         ("line-000000005", "three")]
+    assert [(s["__key__"], s["json"]) for s in got] == windowed([("line-000000001", {"a": 1}),
+                                                                  ("line-000000004", [2]), ("line-000000005", "three")])
     assert m.meta["lines"] == 5 and m.meta["samples"] == 3 and m.meta["empty_lines"] == "skipped"
 
 
@@ -160,7 +170,7 @@ def test_cli(tmp_path, capsys):
     src.write_text('{"a": 1}\n{"a": 2}\n')
     assert main(["convert", "lines", str(src), str(tmp_path / "out"), "--jsonl", "--workers", "1"]) == 0
     assert "2 samples from 2 lines" in capsys.readouterr().out
-    assert [s["json"] for s in stream(tmp_path / "out")] == [{"a": 1}, {"a": 2}]
+    assert [s["json"] for s in stream(tmp_path / "out")] == windowed([{"a": 1}, {"a": 2}])
     assert main(["convert", "lines", str(src), str(tmp_path / "txt"), "--max-count", "1", "--workers", "1"]) == 0
     got = stream(tmp_path / "txt")
     assert [s["txt"] for s in got] == ['{"a": 1}', '{"a": 2}'] and len({s["__url__"] for s in got}) == 2

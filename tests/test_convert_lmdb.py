@@ -27,6 +27,7 @@ from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
 from shardflow.convert.records.lmdb import convert_lmdb, original_key, tar_key  # noqa: E402
 from shardflow.errors import ConversionError, PickledValueError  # noqa: E402
 from shardflow.format.keys import check_key  # noqa: E402
+from tests.order_reference import reference_permutation  # noqa: E402
 
 
 def jpeg(i: int) -> bytes:
@@ -60,6 +61,11 @@ def reference(path: Path, subdir: bool = True) -> list[tuple[bytes, bytes]]:
         env.close()
 
 
+def shuffled(ref: list) -> list:
+    """``ref`` (key order) in the default, shuffled order of the converters."""
+    return [ref[i] for i in reference_permutation(len(ref))]
+
+
 def tar_samples(dst: Path) -> list[dict]:
     manifest = json.loads((dst / "shardflow.json").read_text())
     out: list[dict] = []
@@ -83,21 +89,26 @@ def test_fifty_jpeg_values_keys_preserved_bytes_unchanged(tmp_path, capsys):
     ref = reference(tmp_path / "db")
     got = tar_samples(dst)
     assert len(ref) == 50
-    assert got == [{"__key__": k.decode(), "jpg": v} for k, v in ref]
+    assert got == [{"__key__": k.decode(), "jpg": v} for k, v in shuffled(ref)]
     meta = json.loads((dst / "shardflow.json").read_text())["meta"]
+    assert meta["order"] == "shuffled" and meta["order_seed"] == 0
     assert meta["entries"] == 50 and meta["keys"]["changed"] == 0 and meta["keys"]["examples"] == {}
 
 
-def test_key_ranges_in_parallel_with_escaped_keys(tmp_path):
+@pytest.mark.parametrize("order", ["shuffled", "walk"])
+def test_key_ranges_in_parallel_with_escaped_keys(tmp_path, order):
+    """Shuffled: each worker looks its keys up; walk: each reads its key range with a cursor."""
     items = {f"n0144/{i:03d}.JPEG".encode(): jpeg(i) for i in range(40)}
     items.update({b"__len__x": png(1), b"a//b": png(2), "é/ü~".encode(): png(3)})
     buf = io.BytesIO()
     np.save(buf, np.arange(6, dtype=np.int16).reshape(2, 3))
     items[b"\xff\xfe"] = buf.getvalue()
     make_lmdb(tmp_path / "db", items)
-    m = convert_lmdb(tmp_path / "db", str(tmp_path / "out"), options=ConvertOptions(max_count=16, workers=2))
-    assert [s.samples for s in m.shards] == [16, 16, 12]
+    m = convert_lmdb(tmp_path / "db", str(tmp_path / "out"), options=ConvertOptions(max_count=16, workers=2),
+                     order=order)
+    assert [s.samples for s in m.shards] == [16, 16, 12] and m.meta["order"] == order
     ref = reference(tmp_path / "db")
+    ref = shuffled(ref) if order == "shuffled" else ref
     got = tar_samples(tmp_path / "out")
     assert [original_key(s["__key__"]) for s in got] == [k for k, _ in ref]
     for sample, (k, v) in zip(got, ref):
@@ -135,7 +146,8 @@ def test_values_of_no_known_format_need_a_field(tmp_path):
     with pytest.raises(ConversionError, match=r"the value of key 'b' \(5 bytes starting b'hello'\) is no image or \.npy"):
         convert_lmdb(tmp_path / "db", str(tmp_path / "out"), options=ConvertOptions(workers=1))
     convert_lmdb(tmp_path / "db", str(tmp_path / "out"), field="bin", options=ConvertOptions(workers=1))
-    assert tar_samples(tmp_path / "out") == [{"__key__": "a", "bin": jpeg(0)}, {"__key__": "b", "bin": b"hello"}]
+    got = tar_samples(tmp_path / "out")
+    assert got == shuffled([{"__key__": "a", "bin": jpeg(0)}, {"__key__": "b", "bin": b"hello"}])
 
 
 def test_a_data_file_environment_and_source_errors(tmp_path):
@@ -143,7 +155,7 @@ def test_a_data_file_environment_and_source_errors(tmp_path):
     m = convert_lmdb(tmp_path / "one.mdb", str(tmp_path / "out"), options=ConvertOptions(workers=1))
     assert m.num_samples == 2
     assert tar_samples(tmp_path / "out") == [{"__key__": k.decode(), "png": v}
-                                             for k, v in reference(tmp_path / "one.mdb", subdir=False)]  # fmt: skip
+                                             for k, v in shuffled(reference(tmp_path / "one.mdb", subdir=False))]  # fmt: skip
     with pytest.raises(FileNotFoundError, match="no such LMDB environment"):
         convert_lmdb(tmp_path / "nothing", str(tmp_path / "o2"))
     with pytest.raises(ConversionError, match="must be a local path"):

@@ -25,6 +25,7 @@ from shardflow.cli import main  # noqa: E402
 from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
 from shardflow.convert.records.parquet import convert_parquet  # noqa: E402
 from shardflow.errors import ConversionError  # noqa: E402
+from tests.order_reference import reference_parquet  # noqa: E402
 
 NAMES = ["cat", "dog", "fish"]
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -58,6 +59,15 @@ def hf_dataset(root: Path, sizes=(37, 26), row_group_size=7) -> list[Path]:
     return files
 
 
+def group_rows(files) -> list[int]:
+    """Rows of every row group of the files, in order."""
+    out = []
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        out += [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    return out
+
+
 def reference_rows(files) -> list[dict]:
     """What pyarrow reads: every row of the files in order."""
     return [row for f in files for row in pq.read_table(f).to_pylist()]
@@ -87,11 +97,15 @@ def test_hugging_face_layout_converts_with_defaults(tmp_path, capsys):
     ref = reference_rows(files)
     got = tar_samples(dst)
     assert len(got) == len(ref) == 63
-    for i, (sample, row) in enumerate(zip(got, ref)):
+    order = reference_parquet(group_rows(files), 10_000)  # the default order: one shard, row groups of 7 shuffled
+    assert sorted(order) == list(range(63))
+    for i, sample in zip(order, got):
+        row = ref[i]
         ext = "png" if row["image"]["bytes"].startswith(b"\x89PNG") else "jpg"
         assert ext == ("png" if i % 2 else "jpg")
         assert sample == {"__key__": f"{i:09d}", ext: row["image"]["bytes"], "cls": str(row["label"]).encode()}
     meta = json.loads((dst / "shardflow.json").read_text())["meta"]
+    assert meta["order"] == "shuffled" and meta["order_seed"] == 0
     assert meta["class_to_idx"] == {"cat": 0, "dog": 1, "fish": 2}
     assert meta["columns"] == [
         {"column": "image", "kind": "image", "field": "<format>"},
@@ -100,14 +114,16 @@ def test_hugging_face_layout_converts_with_defaults(tmp_path, capsys):
     assert meta["rows"] == 63 and [f["rows"] for f in meta["files"]] == [37, 26]
 
 
-def test_shards_span_row_groups_and_files_in_parallel(tmp_path):
+@pytest.mark.parametrize("order", ["shuffled", "walk"])
+def test_shards_span_row_groups_and_files_in_parallel(tmp_path, order):
     files = hf_dataset(tmp_path / "hf")
-    m = convert_parquet(tmp_path / "hf" / "data" / "train-*.parquet", str(tmp_path / "out"),
+    m = convert_parquet(tmp_path / "hf" / "data" / "train-*.parquet", str(tmp_path / "out"), order=order,
                         options=ConvertOptions(max_count=10, workers=2))  # fmt: skip
     assert [s.samples for s in m.shards] == [10, 10, 10, 10, 10, 10, 3]
-    ref = reference_rows(files)
+    rows = reference_parquet(group_rows(files), 10) if order == "shuffled" else list(range(63))
+    ref = [reference_rows(files)[i] for i in rows]
     got = tar_samples(tmp_path / "out")
-    assert [s["__key__"] for s in got] == [f"{i:09d}" for i in range(63)]
+    assert [s["__key__"] for s in got] == [f"{i:09d}" for i in rows]
     assert [s.get("jpg", s.get("png")) for s in got] == [r["image"]["bytes"] for r in ref]
     assert [int(s["cls"]) for s in got] == [r["label"] for r in ref]
     # the streaming reader decodes them: mixed formats read as one "image" field
@@ -122,8 +138,8 @@ def test_columns_pick_and_rename(tmp_path):
                         options=ConvertOptions(workers=1))  # fmt: skip
     ref = reference_rows(files)
     got = tar_samples(tmp_path / "out")
-    assert got == [{"__key__": f"{i:09d}", "target.cls": str(r["label"]).encode(), "image": r["image"]["bytes"]}
-                   for i, r in enumerate(ref)]  # fmt: skip
+    assert got == [{"__key__": f"{i:09d}", "target.cls": str(ref[i]["label"]).encode(), "image": ref[i]["image"]["bytes"]}
+                   for i in reference_parquet(group_rows(files), 10_000)]  # fmt: skip
     assert m.meta["class_to_idx"] == {"cat": 0, "dog": 1, "fish": 2}  # the one ClassLabel column, renamed
 
 
@@ -136,8 +152,9 @@ def test_a_missing_column_is_named(tmp_path):
 
 def test_an_image_field_of_one_format_refuses_another(tmp_path):
     files = hf_dataset(tmp_path / "hf", sizes=(4,))
-    with pytest.raises(ConversionError, match=r"row 1, key 000000001\): column 'image': field 'jpg' takes JPEG images, "
-                       r"this value is PNG"):  # fmt: skip
+    first_png = next(i for i in reference_parquet(group_rows(files), 10_000) if i % 2)  # the first one written
+    with pytest.raises(ConversionError, match=rf"row {first_png}, key 00000000{first_png}\): column 'image': field "
+                       r"'jpg' takes JPEG images, this value is PNG"):  # fmt: skip
         convert_parquet(files[0], str(tmp_path / "out"), columns="image:jpg,label:cls",
                         options=ConvertOptions(workers=1))  # fmt: skip
 
@@ -155,7 +172,9 @@ def test_column_kinds_and_default_names(tmp_path):
     })  # fmt: skip
     pq.write_table(table, tmp_path / "t.parquet")
     m = convert_parquet(tmp_path / "t.parquet", str(tmp_path / "out"), options=ConvertOptions(workers=1))
-    got = tar_samples(tmp_path / "out")
+    listed = tar_samples(tmp_path / "out")
+    assert [int(s["__key__"]) for s in listed] == reference_parquet([3], 10_000)
+    got = sorted(listed, key=lambda s: s["__key__"])
     assert got[0] == {"__key__": "000000000", "txt": b"a", "score.json": b"0.5", "tags.json": b"[1,2]",
                       "coarse_label.cls": b"1", "fine.cls": b"7", "when.json": b'"1970-01-01T00:00:00"',
                       "raw.bin": b"\x00\x01"}  # fmt: skip
@@ -188,7 +207,8 @@ def test_an_fsspec_source(tmp_path):
         fs.rm("/pq-src", recursive=True)
     assert [s.samples for s in m.shards] == [4, 4, 3]
     ref = reference_rows(files)
-    assert [s.get("jpg", s.get("png")) for s in tar_samples(tmp_path / "out")] == [r["image"]["bytes"] for r in ref]
+    rows = reference_parquet(group_rows(files), 4)
+    assert [s.get("jpg", s.get("png")) for s in tar_samples(tmp_path / "out")] == [ref[i]["image"]["bytes"] for i in rows]
 
 
 def test_a_rerun_keeps_the_finished_shards(tmp_path):

@@ -19,6 +19,7 @@ from torch_geometric.data import Data, HeteroData, InMemoryDataset, OnDiskDatase
 
 from shardflow.convert.pyg import DatasetSpec, convert_pyg, graph_schema, merge_schemas  # noqa: E402
 from shardflow.convert.pyg import to_shards  # noqa: E402
+from tests.order_reference import reference_permutation, reference_window  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELD = "graph.pyg"
@@ -170,15 +171,18 @@ def test_c13_generator_streams_flat_memory_and_reads_back(tmp_path):
     assert attrs["edge_attr"] == {"dtype": "float32", "shape": [None, 4]}
     assert attrs["edge_index"] == {"dtype": "int64", "shape": [2, None]}
 
+    # a generator's graphs go through the window shuffle of one shard (1,000 graphs, the default)
+    assert manifest.meta["order"] == "shuffled" and manifest.meta["order_window"] == 1000
+    stored = reference_window(50_000, 1000)  # position p holds graph stored[p]
     ds = shardflow.IndexedShardDataset(str(tmp_path / "big"))
     rng = np.random.default_rng(13)
-    for i in sorted(rng.choice(50_000, size=40, replace=False).tolist()) + [0, 49_999]:
-        sample = ds[i]
-        assert sample["__key__"] == f"{i:09d}"
-        assert_graph_equal(sample[FIELD], c13_graph(i))
+    for p in sorted(rng.choice(50_000, size=40, replace=False).tolist()) + [0, 49_999]:
+        sample = ds[p]
+        assert sample["__key__"] == f"{stored[p]:09d}"
+        assert_graph_equal(sample[FIELD], c13_graph(stored[p]))
     # the sizes index holds (num_nodes, num_edges) of every graph
     costs = shardflow.ShardDataset(str(tmp_path / "big")).source.load_costs("num_edges", shardflow.IOOptions())
-    assert costs[:5].tolist() == [c13_graph(i).num_edges for i in range(5)]
+    assert costs[:5].tolist() == [c13_graph(i).num_edges for i in stored[:5]]
 
 
 def test_generator_resume_keeps_finished_shards(tmp_path):
@@ -225,7 +229,7 @@ def test_in_memory_dataset_root_bytes_proportional(tmp_path, workers):
     assert attrs["name"] == {"type": "str"}
     assert "TinyGraphs" in meta["source"] and root in meta["source"]
     got = read_all(str(tmp_path / "shards"))
-    assert list(got) == [f"{i:09d}" for i in range(300)]
+    assert list(got) == [f"{i:09d}" for i in reference_permutation(300)]  # the default, shuffled order
     for i in (0, 1, 150, 299):
         assert_graph_equal(got[f"{i:09d}"], ds[i])
         assert got[f"{i:09d}"].name == f"g{i}"

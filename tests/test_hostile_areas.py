@@ -112,12 +112,12 @@ def test_symlinks_planted_in_a_predicted_area_are_not_written_through(served, tm
     passwd = outside / "passwd"
     passwd.write_bytes(PASSWD)
     ds = shardflow.ShardDataset(url, decode=None, io=IOOptions(backoff=0.0, staging_dir=str(shared)))
-    for name in old_area_names(ds.source.urls):
+    for name in old_area_names(ds.shards.urls):
         area = shared / name
         area.mkdir()
         (area / ".users").symlink_to(passwd)  # opened for its lock
         (area / ".done-0").symlink_to(outside / "made-by-the-job")  # created empty
-        for shard_url in ds.source.urls:
+        for shard_url in ds.shards.urls:
             h = block_base(shard_url)
             (area / f"{h}.0").symlink_to(outside / f"shard-{h}")  # the fetch writes the shard into it
             (area / f"{h}.0.done").symlink_to(passwd)  # a read mark: byte 1 at the worker's offset
@@ -125,7 +125,7 @@ def test_symlinks_planted_in_a_predicted_area_are_not_written_through(served, tm
     assert samples(ds) == want
     assert passwd.read_bytes() == PASSWD
     assert sorted(p.name for p in outside.iterdir()) == ["passwd"]  # nothing made out there
-    for name in old_area_names(ds.source.urls):  # the planted areas untouched
+    for name in old_area_names(ds.shards.urls):  # the planted areas untouched
         assert (shared / name / ".users").is_symlink()
     # this user's areas: in a folder of its own, private, removed at the epoch's end
     mine = shared / f"shardflow-{os.geteuid()}"
@@ -140,11 +140,11 @@ def test_a_block_planted_in_a_predicted_area_is_not_trained_on(served, http_serv
     (tmp_path / "fake").mkdir()
     write(tmp_path / "fake", 40, 20, seed=666)  # the same keys and sizes, the attacker's bytes
     ds = shardflow.ShardDataset(url, decode=None, io=IOOptions(backoff=0.0, staging_dir=str(shared)))
-    for name in old_area_names(ds.source.urls):
+    for name in old_area_names(ds.shards.urls):
         area = shared / name
         area.mkdir()
         (area / ".users").write_bytes(b"")
-        for shard_url in ds.source.urls:
+        for shard_url in ds.shards.urls:
             h = block_base(shard_url)
             fake = (tmp_path / "fake" / shard_url.rsplit("/", 1)[1]).read_bytes()
             (area / f"{h}.meta").write_text(json.dumps({"size": len(fake), "identity": {"ETag": '"planted"'}}))
@@ -210,7 +210,7 @@ def _planted_cache(tmp_path: Path, url: str, ds, secret: Path) -> Path:
     (tmp_path / "fake").mkdir()
     write(tmp_path / "fake", 40, 20, seed=666)
     listed = json.loads((tmp_path / "real" / "shardflow.json").read_text())["shards"]
-    for shard, shard_url in enumerate(ds.source.urls):
+    for shard, shard_url in enumerate(ds.shards.urls):
         name = shard_url.rsplit("/", 1)[1]
         sha = listed[shard]["sha256"]
         entry = cache / f"{ShardCache.key(shard_url, {'ETag': 'x'})}-{name}"

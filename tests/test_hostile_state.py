@@ -60,7 +60,7 @@ def test_a_tampered_state_is_a_state_error_at_load(sized, change: dict, said: st
 
 def test_states_within_bounds_still_resume(sized) -> None:
     ds, state = sized
-    fresh = ShardDataset(ds.source.urls[0].rsplit("/", 1)[0], decode=None)
+    fresh = ShardDataset(ds.shards.urls[0].rsplit("/", 1)[0], decode=None)
     fresh.load_state_dict(state)
     assert len([s["__key__"] for s in fresh]) == 17  # 20 samples, 3 taken
     elastic = _tampered(state, remaining=[[4, 2], [1, 0]])  # 8 samples taken on 4 ranks, then this world

@@ -61,9 +61,9 @@ def _read(data: Path, phased: bool, step: int) -> list[tuple[int, str]]:
     needed, order, first = _worker_positions(plan, step, 0, 2)
     policy = ErrorPolicy("raise")
     if phased:
-        items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, policy, ds.shard_offsets)
+        items = read_planned_in_phases(plan, needed, order, first, ds.shards, ds.io, policy, ds.shard_offsets)
     else:
-        items = reader.read_planned(plan, needed, ds.source, ds.io, policy, ds.shard_offsets)
+        items = reader.read_planned(plan, needed, ds.shards, ds.io, policy, ds.shard_offsets)
     return [(pos, s["__key__"]) for pos, s in items]
 
 
@@ -120,7 +120,7 @@ def test_resume_through_the_first_phase_with_a_truncated_shard(tmp_path: Path) -
 def test_shards_without_an_index_are_read_in_one_phase_and_resume(tmp_path: Path, k: int) -> None:
     folder = make_shards(tmp_path, COUNTS, index=False)
     ds = ShardDataset(folder, decode=None)
-    assert all(u is None for u in ds.source.index_urls)
+    assert all(u is None for u in ds.shards.index_urls)
     assert_resumes(_maker(folder, 2), k=k)
 
 
@@ -168,11 +168,11 @@ def test_a_fresh_remote_start_fetches_later_shards_only_after_the_first_batchs_r
     plan = plan_epoch(COUNTS, 0, 1, 0, 0, SHUFFLE, SplitConfig(batch_size=BATCH))
     needed, order, first = _worker_positions(plan, 0, 0, 1)
     hold = int(order[:first].max())
-    names = [Path(u).name for u in ds.source.urls]
+    names = [Path(u).name for u in ds.shards.urls]
     window = {names[plan.segments[int(plan.read_segment[p])].shard] for p in range(hold + 1) if needed[p]}
     assert len(window) < len(COUNTS)  # the case under test: shards read after the first batch
     http_server.reset_stats()
-    items = read_planned_in_phases(plan, needed, order, first, ds.source, ds.io, ErrorPolicy("raise"), ds.shard_offsets)
+    items = read_planned_in_phases(plan, needed, order, first, ds.shards, ds.io, ErrorPolicy("raise"), ds.shard_offsets)
     seen = []
     for pos, sample in items:
         seen.append((pos, sample["__key__"]))
@@ -180,6 +180,6 @@ def test_a_fresh_remote_start_fetches_later_shards_only_after_the_first_batchs_r
             fetched = {k for k in http_server.stats.gets_by_path if k.endswith(".tar")}
             assert fetched <= window, (fetched, window)
     local = ShardDataset(folder, decode=None)
-    want = reader.read_planned(plan, needed, local.source, local.io, ErrorPolicy("raise"), local.shard_offsets)
+    want = reader.read_planned(plan, needed, local.shards, local.io, ErrorPolicy("raise"), local.shard_offsets)
     assert seen == [(pos, sample["__key__"]) for pos, sample in want]  # every needed position once, in read order
     assert {k for k in http_server.stats.gets_by_path if k.endswith(".tar")} == set(names)

@@ -288,8 +288,8 @@ def test_sparse_remote_reads_read_through_instead_of_a_request_per_gap(http_serv
     positions = np.arange(len(plan.read_sample))
     sparse = positions[positions % 25 == 0]  # 8 samples, 24 unneeded between each
     local = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=1, world_size=7, shuffle=False)
-    assert len(plan_runs(local.plan(0), sparse, local.source, 1)[0]) == len(sparse)  # a seek per sample
-    assert len(plan_runs(plan, sparse, ds.source, 1)[0]) <= 2  # one run per shard
+    assert len(plan_runs(local.plan(0), sparse, local.shards, 1)[0]) == len(sparse)  # a seek per sample
+    assert len(plan_runs(plan, sparse, ds.shards, 1)[0]) <= 2  # one run per shard
     # and reading a rank's share remotely: one GET per shard part, the right samples
     srv.reset_stats()
     assert got(ds) == got(local) and len(got(local)) == 29  # 200 samples over 7 ranks, padded
@@ -602,3 +602,36 @@ def test_a_shard_cut_right_after_the_share_still_yields_it(tmp_path, on_error):
     path.write_bytes(path.read_bytes()[: int(offsets[6]) + 100])
     ds = shardflow.ShardDataset(str(tmp_path / "d"), decode=None, rank=2, world_size=5, shuffle=False, on_error=on_error)
     assert got(ds) == in_order(want)[4:6] and dict(ds.stats) == {"samples": 2}
+
+
+def test_each_store_is_read_by_its_row_of_the_reader_table(tmp_path) -> None:
+    """``READERS`` names the reader of each filesystem class fsspec gives; a filesystem no row
+    matches (a zip archive) is read by the generic reader, through fsspec's own file object."""
+    import zipfile
+
+    import fsspec
+
+    from shardflow.storage.readers import READERS, FileReader, MemoryReader, open_reader
+
+    def row(fs) -> str | None:
+        return next((name for name, matches, _ in READERS if matches(fs)), None)
+
+    assert row(fsspec.filesystem("file")) == "local"
+    assert row(fsspec.filesystem("memory")) == "memory"
+    assert row(fsspec.filesystem("https")) == "http"
+    assert row(fsspec.filesystem("s3", anon=True)) == "s3"
+    assert row(fsspec.filesystem("gcs", token="anon")) == "gcs"
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("x.bin", b"0123456789")
+    zfs = fsspec.filesystem("zip", fo=str(archive))
+    assert row(zfs) is None
+    reader = open_reader(zfs, "x.bin", f"zip://x.bin::{archive}", 3, None, IOOptions())
+    assert isinstance(reader.reader, FileReader)
+    assert reader.read(100) == b"3456789"
+    reader.close()
+    mem = fsspec.filesystem("memory")
+    mem.pipe("/t/y.bin", b"abcdef")
+    got = open_reader(mem, "/t/y.bin", "memory://t/y.bin", 2, None, IOOptions())
+    assert isinstance(got.reader, MemoryReader) and got.read(10) == b"cdef"
+    got.close()

@@ -277,7 +277,19 @@ def test_a_folder_url_reads_its_manifest_first(http_server: Any) -> None:
 def test_a_source_reads_with_its_own_storage_options(two: tuple[Path, Path]) -> None:
     a, b = two
     ds = ShardDataset([Source(a, storage_options={"anon": True}), b], storage_options={"anon": False, "x": 1}, decode=None)
-    first, last = ds.source.options_for(0, ds.io), ds.source.options_for(3, ds.io)
+    first, last = ds.shards.options_for(0, ds.io), ds.shards.options_for(3, ds.io)
     assert first.storage_options == {"anon": True, "x": 1}  # the source's own win, the rest are kept
-    assert last is ds.io and ds.source.options_for(2, ds.io) is first  # merged once per source
+    assert last is ds.io and ds.shards.options_for(2, ds.io) is first  # merged once per source
     assert len(list(ds)) == 35
+
+
+def test_the_shard_set_is_ds_shards_and_source_stays_its_old_name(tmp_path) -> None:
+    """"Source" names one input of several (``Source``, and ``__source__`` in a sample);
+    the resolved shards are ``ds.shards``; ``ds.source`` is the same object, kept for a release."""
+    with shardflow.ShardWriter(str(tmp_path / "a" / "s-%03d.tar"), max_count=3) as w:
+        for i in range(6):
+            w.write({"__key__": f"k{i:02d}", "cls": i})
+    ds = shardflow.ShardDataset(str(tmp_path / "a"), decode=None)
+    assert ds.shards is ds.source
+    assert len(ds.shards.urls) == 2 and list(ds.shards.counts) == [3, 3]
+    assert {s["__source__"] for s in ds} == {0}

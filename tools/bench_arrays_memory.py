@@ -18,7 +18,7 @@ process inherits a high-water mark from the one that touched the whole array.
 
 Usage::
 
-    python tools/bench_arrays_memory.py [--chunks 20] [--chunk-rows 2000] [--dir /tmp/x]
+    python tools/bench_arrays_memory.py [--chunks 20] [--chunk-rows 2000] [--dir /tmp/x] [--order walk|shuffled]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _hwm_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def child(src: str, dst: str, chunk_rows: int, max_count: int, workers: int) -> None:
+def child(src: str, dst: str, chunk_rows: int, max_count: int, workers: int, order: str) -> None:
     """Run one conversion and print its memory figures as JSON."""
     import h5py  # noqa: F401 - imported before the start figure: a fixed cost, not data
 
@@ -66,7 +66,8 @@ def child(src: str, dst: str, chunk_rows: int, max_count: int, workers: int) -> 
     os.register_at_fork(after_in_child=mark_fork)
     base = _rss_bytes()
     t = time.perf_counter()
-    m = convert_arrays(src, dst, chunk_rows=chunk_rows, options=ConvertOptions(max_count=max_count, workers=workers))
+    m = convert_arrays(src, dst, chunk_rows=chunk_rows, options=ConvertOptions(max_count=max_count, workers=workers),
+                       order=order)
     seconds = time.perf_counter() - t
     self_peak = _hwm_bytes()
     child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
@@ -106,12 +107,13 @@ def main() -> None:
     p.add_argument("--chunk-rows", type=int, default=2000)
     p.add_argument("--max-count", type=int, default=10_000, help="rows per shard")
     p.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--order", choices=["shuffled", "walk"], default="shuffled", help="the rows' order (default shuffled)")
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--make", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        src, dst, cr, mc, w = args.child
-        child(src, dst, int(cr), int(mc), int(w))
+        src, dst, cr, mc, w, order = args.child
+        child(src, dst, int(cr), int(mc), int(w), order)
         return
     if args.make:
         make(args.make[0], int(args.make[1]), int(args.make[2]))
@@ -125,14 +127,16 @@ def main() -> None:
     subprocess.run([sys.executable, __file__, "--make", work, str(rows), str(args.chunk_rows)], check=True)
     npy, npz, h5 = (os.path.join(work, n) for n in ("x.npy", "x.npz", "x.h5"))
     print(f"source: {rows} rows x {ROW_SHAPE} uint8 = {rows * row_bytes / 2**20:.0f} MiB; "
-          f"chunk: {args.chunk_rows} rows = {chunk_bytes / 2**20:.1f} MiB; shards of {args.max_count} rows\n")
+          f"chunk: {args.chunk_rows} rows = {chunk_bytes / 2**20:.1f} MiB; shards of {args.max_count} rows; "
+          f"order {args.order}\n")
     print("| source | workers | rows | seconds | peak above start (MiB) | peak / chunk |")
     print("|---|---|---|---|---|---|")
     for name, src in (("npy", npy), ("npz (stored)", npz + ":x"), ("hdf5", h5 + ":x")):
         for workers in (1, 2):
             dst = os.path.join(work, f"out-{name.split()[0]}-{workers}")
             res = subprocess.run(
-                [sys.executable, __file__, "--child", src, dst, str(args.chunk_rows), str(args.max_count), str(workers)],
+                [sys.executable, __file__, "--child", src, dst, str(args.chunk_rows), str(args.max_count), str(workers),
+                 args.order],
                 check=True, capture_output=True, text=True,
             )
             r = json.loads(res.stdout.strip().splitlines()[-1])

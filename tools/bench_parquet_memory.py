@@ -2,10 +2,12 @@
 """Peak RSS growth of ``convert parquet`` against the files' row-group size (docs/getting-data-in.md).
 
     python tools/bench_parquet_memory.py [--rows 3000] [--value-kb 100] [--row-groups 100 3000]
+        [--orders walk shuffled]
 
 Writes one uncompressed Parquet file per row-group size (the same rows: an image struct of
-``--value-kb`` KB and a label), converts each with one worker in a fresh process, and prints the
-peak RSS growth of that process over its RSS before the conversion (sampled every 10 ms).
+``--value-kb`` KB and a label), converts each with one worker in a fresh process, in each of
+``--orders`` (shards of 1,000 rows), and prints the peak RSS growth of that process over its RSS
+before the conversion (sampled every 10 ms).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def peak_growth(fn) -> tuple[float, float]:
     return (peak - base) / 2**20, time.perf_counter() - start
 
 
-def convert_one(src: str, dst: str) -> None:
-    growth, seconds = peak_growth(lambda: convert_parquet(src, dst, options=ConvertOptions(max_count=1000, workers=1)))
+def convert_one(src: str, dst: str, order: str) -> None:
+    growth, seconds = peak_growth(
+        lambda: convert_parquet(src, dst, options=ConvertOptions(max_count=1000, workers=1), order=order))
     print(f"RSS growth {growth:.0f} MiB, {seconds:.1f} s")
 
 
@@ -61,7 +64,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=3000)
     ap.add_argument("--value-kb", type=int, default=100)
     ap.add_argument("--row-groups", type=int, nargs="+", default=[100, 3000])
-    ap.add_argument("--convert", nargs=2, metavar=("SRC", "DST"), help=argparse.SUPPRESS)  # the child's job
+    ap.add_argument("--orders", nargs="+", default=["walk", "shuffled"], choices=["walk", "shuffled"])
+    ap.add_argument("--convert", nargs=3, metavar=("SRC", "DST", "ORDER"), help=argparse.SUPPRESS)  # the child's job
     args = ap.parse_args()
     if args.convert:
         convert_one(*args.convert)
@@ -78,9 +82,10 @@ def main() -> None:
         del images, table
         for size in args.row_groups:
             src = os.path.join(work, f"rg{size}.parquet")
-            out = subprocess.run([sys.executable, __file__, "--convert", src, os.path.join(work, f"out{size}")],
-                                 capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-            print(f"row groups of {size:>6} rows: file {os.path.getsize(src) / 2**20:.0f} MiB, {out}")
+            for order in args.orders:
+                out = subprocess.run([sys.executable, __file__, "--convert", src, os.path.join(work, f"out{size}{order}"),
+                                      order], capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+                print(f"row groups of {size:>6} rows, {order:>8}: file {os.path.getsize(src) / 2**20:.0f} MiB, {out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

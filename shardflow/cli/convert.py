@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ..policy import CONVERT_ON_ERROR
-from .convert_common import add_shard_options, options_from_args, run_converter
+from .convert_common import add_order_options, add_shard_options, options_from_args, run_converter
 from .convert_common import rate as _rate
 from .convert_stores import add_lmdb, add_parquet
 from .shown import shown
@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
-    # the converter is imported with its parser, as pyg's and arrays' are (its orders and defaults
-    # come from it), not in the handler: a program that builds the parser first (a benchmark, a
+    # the converter is imported with its parser, as pyg's and arrays' are (its default order
+    # comes from it), not in the handler: a program that builds the parser first (a benchmark, a
     # long-lived tool calling main() repeatedly) has it imported before it converts
     from ..convert.images import imagefolder
 
@@ -72,10 +72,9 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
                         "smaller images are kept byte for byte); recorded in the manifest (meta.resize)")
     parser.add_argument("--quality", type=int, default=90, metavar="Q",
                         help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
-    parser.add_argument("--order", choices=list(imagefolder.ORDERS), default=imagefolder.DEFAULT_ORDER,
-                        help="shuffled (default): images in a seeded random order, every shard mixing the classes; "
-                        "walk: classes one after the other, as listed (for data that must stay ordered)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
+    add_order_options(parser, "images in a seeded random order, every shard mixing the classes",
+                      "classes one after the other, as listed (for data that must stay ordered)",
+                      default=imagefolder.DEFAULT_ORDER)
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 
@@ -161,6 +160,8 @@ def _add_pyg(kinds: argparse._SubParsersAction) -> None:
         "--kwargs", metavar="JSON", default="{}", help='keyword arguments as a JSON object, e.g. \'{"name": "MUTAG"}\''
     )
     p.add_argument("--field", default=DEFAULT_FIELD, help=f"the graph's field name, ending in .pyg (default {DEFAULT_FIELD})")
+    add_order_options(p, "graphs in a seeded random order (a generator's through a window of one shard's graphs)",
+                      "graph 0, 1, 2, ... as the dataset holds them")
     add_shard_options(p)
     p.set_defaults(func=_pyg)
 
@@ -184,7 +185,8 @@ def _pyg(args: argparse.Namespace) -> int:
     dataset = spec.open()
     return run_converter(
         lambda update, client: convert_graphs(
-            dataset, args.dst, spec=spec, field=field_name, options=options, progress=update, client=client
+            dataset, args.dst, spec=spec, field=field_name, options=options, progress=update, client=client,
+            order=args.order, seed=args.seed,
         ),
         lambda m, s: f"{m.num_samples} graphs of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
@@ -216,6 +218,7 @@ def _add_arrays(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--labels", metavar="PATH_OR_NAME", help="labels: a file (FILE or FILE:NAME) or an array name inside SRC")
     p.add_argument("--as", dest="as_image", choices=IMAGE_FORMATS, help="store uint8 (H, W[, 3]) rows as images")
     p.add_argument("--chunk-rows", type=int, metavar="N", help="rows a worker reads at once (default: 32 MiB of rows shared by the workers)")
+    add_order_options(p, "rows in a seeded random order (read by random access)", "row 0, 1, 2, ...")
     add_shard_options(p, max_count=None)
     p.set_defaults(max_count=None, func=_arrays)
 
@@ -236,6 +239,8 @@ def _arrays(args: argparse.Namespace) -> int:
             options=options,
             progress=update,
             client=client,
+            order=args.order,
+            seed=args.seed,
         ),
         lambda m, s: f"{m.num_samples} rows of {shown(spec.describe())} -> {counted(len(m.shards), 'shard')} in {shown(args.dst)}",
         args=args,
@@ -263,6 +268,9 @@ def _add_lines(kinds: argparse._SubParsersAction) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--jsonl", dest="json_lines", action="store_true", default=None, help="JSON lines: field json")
     mode.add_argument("--text", dest="json_lines", action="store_false", help="plain text: field txt")
+    add_order_options(p, "lines through a seeded window shuffle (a line moves less than --window positions); "
+                      "the default for JSON lines", "the file's order; the default for text", default=None,
+                      window="lines the window shuffle holds at most")
     add_shard_options(p)
     p.set_defaults(json_lines=None, func=_lines)
 
@@ -273,7 +281,8 @@ def _lines(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     return run_converter(
         lambda update, client: convert_lines(
-            args.src, args.dst, json_lines=args.json_lines, options=options, progress=update, client=client
+            args.src, args.dst, json_lines=args.json_lines, options=options, progress=update, client=client,
+            order=args.order, seed=args.seed, window=args.window,
         ),
         lambda m, s: (
             f"{m.num_samples} samples from {m.meta.get('lines')} lines of {shown(args.src)} -> "

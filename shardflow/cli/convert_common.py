@@ -13,7 +13,7 @@ from ..errors import redact
 from .options import storage_options
 from .progress import progress_bar
 
-__all__ = ["add_shard_options", "options_from_args", "dask_client", "run_converter", "rate"]
+__all__ = ["add_shard_options", "add_order_options", "options_from_args", "dask_client", "run_converter", "rate"]
 
 
 def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None = 10_000) -> None:
@@ -51,6 +51,22 @@ def add_shard_options(parser: argparse.ArgumentParser, *, max_count: int | None 
         metavar="KEY=VALUE",
         help="fsspec storage option for a remote SRC or DST (repeatable)",
     )
+
+
+def add_order_options(parser: argparse.ArgumentParser, shuffled: str, walk: str, *, default: str | None = "shuffled",
+                      window: str | None = None) -> None:  # fmt: skip
+    """``--order {shuffled,walk}`` and ``--seed`` (and, for a stream, ``--window``), the same for
+    every converter (:mod:`shardflow.convert.engine.mixorder`); ``shuffled`` and ``walk`` say
+    what each order means for this input, ``default=None`` lets the converter choose."""
+    shown = f"default {default}" if default is not None else "default: as said"
+    parser.add_argument("--order", choices=["shuffled", "walk"], default=default,
+                        help=f"shuffled: {shuffled}; walk: {walk} ({shown}; recorded in meta.order)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0; meta.order_seed)")
+    if window is not None:
+        from ..convert.engine.mixorder import DEFAULT_WINDOW
+
+        parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                            help=f"{window} (default {DEFAULT_WINDOW:,}; meta.order_window)")  # fmt: skip
 
 
 def options_from_args(args: argparse.Namespace, *, max_count: int | None = None) -> Any:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from .convert_common import add_shard_options, options_from_args, rate, run_converter
+from .convert_common import add_order_options, add_shard_options, options_from_args, rate, run_converter
 from .options import storage_options
 from .shown import shown
 from .units import counted
@@ -24,7 +24,8 @@ def add_parquet(kinds: argparse._SubParsersAction) -> None:
         "parquet",
         help="one sample per row of Parquet files (a Hugging Face dataset: data/train-*.parquet)",
         description=(
-            "Write one sample per row: key = row number over the files in order (000000042). Image columns "
+            "Write one sample per row, in a seeded random order by default (--order): key = row number over the "
+            "files in order (000000042). Image columns "
             "(Hugging Face Image structs) keep their bytes under their real format (jpg, png, webp, ...), "
             "integers become cls, strings txt, other columns <column>.json; --columns picks and renames. "
             "ClassLabel names from the files' Hugging Face metadata go into the manifest (class_to_idx). "
@@ -48,6 +49,8 @@ def add_parquet(kinds: argparse._SubParsersAction) -> None:
         help="read images that the files reference by path (datasets' to_parquet() of local images) from "
         "this folder; a relative path is relative to its Parquet file, and a path out of DIR is an error",
     )  # fmt: skip
+    add_order_options(p, "row groups in a seeded random order, then each shard's rows (a worker holds one shard's "
+                      "rows)", "the rows of the files in order")
     add_shard_options(p)
     p.set_defaults(func=_parquet)
 
@@ -69,7 +72,7 @@ def _parquet(args: argparse.Namespace) -> int:
     return run_converter(
         lambda update, client: convert_parquet(
             args.src, args.dst, columns=args.columns, options=options, progress=update, client=client,
-            merge_configs=args.merge_configs, images_root=args.images_root,
+            merge_configs=args.merge_configs, images_root=args.images_root, order=args.order, seed=args.seed,
         ),
         summary,
         args=args,
@@ -85,7 +88,7 @@ def add_lmdb(kinds: argparse._SubParsersAction) -> None:
         "lmdb",
         help="one sample per key of an LMDB database, the value's bytes unchanged",
         description=(
-            "Write one sample per key, in key order: the key made tar-safe by %%XX escapes (reversible; "
+            "Write one sample per key, in a seeded random order of the keys (or key order: --order walk): the key made tar-safe by %%XX escapes (reversible; "
             "the count is in the manifest), the value's bytes unchanged in one field named from its magic "
             "bytes (jpg, png, webp, gif, tif, bmp, npy) or --field. The database is opened read-only "
             "without its lock file. Pickled values are refused unless --allow-pickle (then stored "
@@ -97,6 +100,8 @@ def add_lmdb(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--field", help="the field of every value, e.g. bin (default: from each value's magic bytes)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="store pickled values (unchanged, never unpickled) instead of refusing them")  # fmt: skip
+    add_order_options(p, "keys in a seeded random order (all keys listed first, each value looked up)",
+                      "key order, one cursor per shard")
     add_shard_options(p)
     p.set_defaults(func=_lmdb)
 
@@ -116,7 +121,7 @@ def _lmdb(args: argparse.Namespace) -> int:
     return run_converter(
         lambda update, client: convert_lmdb(
             args.src, args.dst, field=args.field, allow_pickle=args.allow_pickle, options=options,
-            progress=update, client=client,
+            progress=update, client=client, order=args.order, seed=args.seed,
         ),
         summary,
         args=args,

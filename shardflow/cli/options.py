@@ -61,7 +61,7 @@ def source_and_io(args: argparse.Namespace) -> tuple[Any, Any, int | None]:
     if io.trust_manifest_urls:
         changes["trust_manifest_urls"] = True
     ds = dataset_from_config(cfg.replace(**changes) if changes else cfg)
-    return ds.source, ds.io, ds.samples_per_epoch
+    return ds.shards, ds.io, ds.samples_per_epoch
 
 
 def storage_options(pairs: list[str]) -> dict[str, Any]:

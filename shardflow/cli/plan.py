@@ -67,13 +67,13 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     for epoch in range(args.epochs):
         ranks = []
         for rank in range(args.world_size):
-            cost = rank_cost(ds.plan(epoch, rank), ds.source, io, args.workers, interleave, caches[rank])
+            cost = rank_cost(ds.plan(epoch, rank), ds.shards, io, args.workers, interleave, caches[rank])
             ranks.append({"rank": rank, **asdict(cost)})
         epochs.append({"epoch": epoch, "requests": sum(r["requests"] for r in ranks),
                        "bytes": sum(r["bytes"] for r in ranks), "ranks": ranks})
     out: dict[str, Any] = {
         "source": args.url, "world_size": args.world_size, "workers": args.workers, "epochs": args.epochs,
-        "shards": len(ds.source.urls), "stored_bytes": sum(int(s.bytes) for s in ds.source.manifest.shards),
+        "shards": len(ds.shards.urls), "stored_bytes": sum(int(s.bytes) for s in ds.shards.manifest.shards),
         "requests": sum(e["requests"] for e in epochs), "bytes": sum(e["bytes"] for e in epochs),
         "requests_max": sum(r["requests_max"] for e in epochs for r in e["ranks"]),
         "bytes_max": sum(r["bytes_max"] for e in epochs for r in e["ranks"]),

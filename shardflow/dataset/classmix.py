@@ -125,18 +125,18 @@ def unmixed_warning(dataset: Any, rank: int) -> str | None:
     shuffle: ShuffleConfig = dataset.shuffle
     if not shuffle.enabled or not dataset.sized or dataset.batching is None:
         return None
-    labels = manifest_labels(dataset.source)
+    labels = manifest_labels(dataset.shards)
     if labels is None or len(labels) == 0:
         return None
     plan = dataset.plan(0, rank)
-    counts = np.asarray(dataset.source.counts, dtype=np.int64)
+    counts = np.asarray(dataset.shards.counts, dtype=np.int64)
     got = mix_stats(batch_labels(plan, labels, counts, WARN_BATCHES))
     size, n = plan.batch_size, min(WARN_BATCHES, plan.num_batches)
     perm = labels[np.random.default_rng(0).permutation(len(labels))][: n * size]
     base = mix_stats([perm[i : i + size] for i in range(0, len(perm), size)])
     if not base["mean_distinct"] or got["mean_distinct"] >= WARN_RATIO * base["mean_distinct"]:
         return None
-    why = ("the window shuffle is off (ShuffleConfig(window=0))" if window_readable(dataset.source, dataset.io)
+    why = ("the window shuffle is off (ShuffleConfig(window=0))" if window_readable(dataset.shards, dataset.io)
            else "the shards are not local plain .tar files with an offset index, where the window shuffle works")
     return (
         f"batches of {size} will hold {got['mean_distinct']:.1f} distinct classes on average, against "

@@ -51,7 +51,7 @@ def pipeline(
     # The default collate batches graph fields from checked records in one step.
     records = (batching is not None and ds.transform is None and ds.expand is None
                and takes_graph_records(batching.collate))
-    prepare = reader.Prepare(policy, fields=ds.fields, sources=ds.source.source_by_url(), decode=ds.decode,
+    prepare = reader.Prepare(policy, fields=ds.fields, sources=ds.shards.source_by_url(), decode=ds.decode,
                              graph_records=records, expand=ds.expand, seed=ds.seed, epoch=epoch,
                              seeder=seeder)
     # one-to-many samples are prepared as read, before the shuffle buffer; others after it
@@ -68,19 +68,19 @@ def pipeline(
         # (nor a first batch to read first: see phases.first_phase)
         items: Iterator[Any]
         if plan.scattered and expanded is None:  # a window shuffle: each sample through the offset index
-            items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.source, io, policy, ds.shard_offsets), order)
+            items = reader.emit_in_order(reader.read_scattered(plan, needed, ds.shards, io, policy, ds.shard_offsets), order)
         elif order.size < 2 or bool(np.all(order[1:] > order[:-1])):
             items = reader.read_planned(
-                plan, needed, ds.source, io, policy, ds.shard_offsets, k, expanded, positioned=False
+                plan, needed, ds.shards, io, policy, ds.shard_offsets, k, expanded, positioned=False
             )
         else:
             raw = reader.read_planned_in_phases(
-                plan, needed, order, sizes[0] if sizes else 0, ds.source, io, policy, ds.shard_offsets, k, expanded
+                plan, needed, order, sizes[0] if sizes else 0, ds.shards, io, policy, ds.shard_offsets, k, expanded
             )
             items = reader.emit_in_order(raw, order)
     else:
-        shards = split_unsized(len(ds.source.urls), world, ds.seed, epoch, ds.shuffle.shards)
-        items = reader.read_shards(shards, ds.source, io, policy)
+        shards = split_unsized(len(ds.shards.urls), world, ds.seed, epoch, ds.shuffle.shards)
+        items = reader.read_shards(shards, ds.shards, io, policy)
         if expanded is not None:
             items = reader.expand_each(items, prepare, k)
         items = shuffle_buffer(

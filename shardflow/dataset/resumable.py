@@ -25,8 +25,8 @@ def config(ds: Any, num_workers: int) -> dict[str, Any]:
     their counts (and selection), seed, shuffle, split and batching, world and workers."""
     world = ds.world()
     digest = hashlib.sha256()
-    counts = ds.source.counts if ds.source.counts is not None else [None] * len(ds.source.urls)
-    for u, c in zip(ds.source.urls, counts):
+    counts = ds.shards.counts if ds.shards.counts is not None else [None] * len(ds.shards.urls)
+    for u, c in zip(ds.shards.urls, counts):
         digest.update(f"{u.rsplit('/', 1)[-1]}:{c};".encode())
     if ds.selection is not None:
         digest.update(selection_digest(ds.selection).encode())

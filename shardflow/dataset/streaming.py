@@ -89,9 +89,11 @@ class ShardDataset(IterableDataset):
         rank: this process's rank; default detected (``torch.distributed``,
             else ``RANK``/``WORLD_SIZE``, else 0).
         world_size: number of ranks; give with ``rank``.
-        storage_options: passed to fsspec (credentials, endpoint, ...).
+        storage_options: fsspec options (credentials, endpoint, ...): a shortcut for
+            ``io=IOOptions(storage_options=...)`` (``ValueError`` with ``io`` too).
         io: retries, read-ahead and cache; a :class:`~shardflow.storage.IOOptions`.
-        max_pixels: image decompression-bomb limit in pixels (per dataset).
+        max_pixels: image decompression-bomb limit in pixels: a shortcut for ``decode=
+            DecodeOptions(max_pixels=...)``, applied over one given (``ds.decode.max_pixels``).
         expand: one-to-many samples (:mod:`shardflow.expand`): each stored
             sample becomes ``expand.count`` items before the shuffle buffer;
             lengths, splits and resumption count items.
@@ -106,6 +108,10 @@ class ShardDataset(IterableDataset):
             epoch, no repeats; ``len()`` counts the selection). Reads every
             shard's tar headers once, here; needs a manifest and offset indexes
             (see :mod:`shardflow.planning.selection`).
+
+    Attributes:
+        shards: the shards read (:class:`~shardflow.sources.shardset.ShardSet`: URLs, offset
+            indexes, manifest, counts, each shard's :class:`~shardflow.Source`).
 
     Raises:
         FileNotFoundError: the source lists no shard.
@@ -159,15 +165,15 @@ class ShardDataset(IterableDataset):
         self._split = SplitConfig(partial=partial, samples_per_epoch=samples_per_epoch)  # type: ignore[arg-type]
         self._ranks = (rank, world_size)
         World.detect(rank, world_size)  # validates
-        self.source: ShardSet = resolve_source(source, io)
-        self._selection = resolve_selection(self.source, select, io) if select is not None else None
-        check_fields(self.source.manifest, self.fields)
-        self.shuffle = effective_shuffle(self.shuffle, self.source, io)  # (local, class-sorted shards: the window)
-        m = self.source.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
+        self.shards: ShardSet = resolve_source(source, io)
+        self._selection = resolve_selection(self.shards, select, io) if select is not None else None
+        check_fields(self.shards.manifest, self.fields)
+        self.shuffle = effective_shuffle(self.shuffle, self.shards, io)  # (local, class-sorted shards: the window)
+        m = self.shards.manifest  # here, once: DataLoader workers forked later inherit the decoders (graphs too)
         preload(self.decode, self.fields or (m.fields if m is not None else ()))
-        self._mixture = mixture_of(self.source.parts, self._split.samples_per_epoch)
-        if self.source.counts is None:  # fail here, not later inside a DataLoader worker
-            split_unsized(len(self.source.urls), World.detect(rank, world_size), self.seed, 0, False)
+        self._mixture = mixture_of(self.shards.parts, self._split.samples_per_epoch)
+        if self.shards.counts is None:  # fail here, not later inside a DataLoader worker
+            split_unsized(len(self.shards.urls), World.detect(rank, world_size), self.seed, 0, False)
         self._batching: Batching | None = None
         self._forked_workers = 0  # set_batching: DataLoader workers forked from this process
         self._offset_cache: dict[int, np.ndarray | None] = {}
@@ -176,9 +182,14 @@ class ShardDataset(IterableDataset):
         self._epochs = Epochs()  # the epoch clock and the runs: every position is a run's
 
     @property
+    def source(self) -> ShardSet:
+        """:attr:`shards` under its old name, kept for one release."""
+        return self.shards
+
+    @property
     def manifest(self):  # noqa: ANN201 - Manifest | None
         """The manifest (restricted to the shards read), or None."""
-        return self.source.manifest
+        return self.shards.manifest
 
     @property
     def samples_per_epoch(self) -> int | None:
@@ -188,12 +199,12 @@ class ShardDataset(IterableDataset):
     @property
     def sized(self) -> bool:
         """True when sample counts are known (a manifest), so splits are exact."""
-        return self.source.counts is not None
+        return self.shards.counts is not None
 
     @property
     def urls(self) -> list[str]:
         """Shard URLs in stream order."""
-        return list(self.source.urls)
+        return list(self.shards.urls)
 
     def world(self) -> World:
         """The detected rank/world size/worker of the caller.
@@ -211,7 +222,7 @@ class ShardDataset(IterableDataset):
     @property
     def sources(self) -> tuple[SourcePart, ...]:
         """The sources, in order: their labels, shard ranges, weights; ``__source__`` indexes them."""
-        return self.source.parts
+        return self.shards.parts
 
     @property
     def selection(self) -> list[np.ndarray] | None:
@@ -224,13 +235,9 @@ class ShardDataset(IterableDataset):
         b = self._batching if batched else None
         if b is None:
             return self._split
-        return SplitConfig(
-            partial=self._split.partial,
-            batch_size=b.batch_size,
-            drop_last=b.drop_last,
-            samples_per_epoch=self._split.samples_per_epoch,
-            max_cost=b.budget,
-        )
+        split = self._split
+        return SplitConfig(partial=split.partial, batch_size=b.batch_size, drop_last=b.drop_last,
+                           samples_per_epoch=split.samples_per_epoch, max_cost=b.budget)
 
     def _costs(self) -> np.ndarray | None:
         """Per-item costs, int64 of shape (items, columns) (the loader's cost columns),
@@ -239,9 +246,9 @@ class ShardDataset(IterableDataset):
         if b is None or b.budget is None:
             return None
         if self._cost_cache is None or self._cost_cache[0] != b.columns:
-            costs = np.stack([self.source.load_costs(c, self.io) for c in b.columns], axis=1)
+            costs = np.stack([self.shards.load_costs(c, self.io) for c in b.columns], axis=1)
             if self._selection is not None:  # the selected samples' costs, shards in manifest order
-                starts = np.concatenate([[0], np.cumsum(self.source.counts)[:-1]])
+                starts = np.concatenate([[0], np.cumsum(self.shards.counts)[:-1]])
                 costs = costs[np.concatenate([starts[i] + c for i, c in enumerate(self._selection)])]
             if self.expand is not None:
                 costs = np.repeat(costs, self.expand.count, axis=0)
@@ -251,7 +258,7 @@ class ShardDataset(IterableDataset):
     def item_counts(self) -> np.ndarray | None:
         """Items per shard (int64, shape (shards,)): samples (selected ones with ``select=``)
         times the one-to-many count; None without a manifest."""
-        counts = self.source.counts
+        counts = self.shards.counts
         if counts is not None and self._selection is not None:
             counts = np.asarray([len(c) for c in self._selection], dtype=np.int64)
         if counts is None or self.expand is None:
@@ -273,7 +280,7 @@ class ShardDataset(IterableDataset):
         """
         counts = self.item_counts()
         if counts is None:
-            raise TypeError(f"this ShardDataset's length is unknown: {self.source.unsized_reason()}")
+            raise TypeError(f"this ShardDataset's length is unknown: {self.shards.unsized_reason()}")
         world = self.world()
         n, _, _, _ = rank_share(int(counts.sum()), world.world_size, self._split)
         return n
@@ -295,7 +302,7 @@ class ShardDataset(IterableDataset):
         """
         counts = self.item_counts()
         if counts is None:
-            raise TypeError(f"unknown number of batches: {self.source.unsized_reason()}")
+            raise TypeError(f"unknown number of batches: {self.shards.unsized_reason()}")
         split = self.split_config()
         e = self.epoch if epoch is None else epoch
         if layout is None:
@@ -373,7 +380,7 @@ class ShardDataset(IterableDataset):
         """A shard's offset index (None without one), loaded once per process.
         (The shard's size is checked against the manifest when it is opened.)"""
         if shard not in self._offset_cache:
-            self._offset_cache[shard] = self.source.load_offsets(shard, self.io)
+            self._offset_cache[shard] = self.shards.load_offsets(shard, self.io)
         return self._offset_cache[shard]
 
     def state_dict(self) -> dict[str, Any]:

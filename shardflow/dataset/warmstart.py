@@ -43,7 +43,7 @@ def staged_io(ds: Any, world: Any, epoch: int, worker: int, num_workers: int, *,
     so a restarted job has its own), the rank, the world size and the epoch; the main process
     computes the same key its forked workers will."""
     key = (storage.job_id(in_worker), world.rank, world.world_size, epoch)
-    return storage.staging_for(ds.io, ds.source.urls, key, worker, num_workers)
+    return storage.staging_for(ds.io, ds.shards.urls, key, worker, num_workers)
 
 
 def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
@@ -64,14 +64,14 @@ def prefetch_first(ds: Any, epoch: int, num_workers: int) -> None:
     if scope is None:
         return
     plan = ds.plan(epoch, world.rank)
-    shards = _first_shards(plan, ds.source, min(num_workers, plan.num_batches))
+    shards = _first_shards(plan, ds.shards, min(num_workers, plan.num_batches))
     if not shards:
         return
     users = storage.enter_area(scope, storage.job_id(False))  # no sweep removes it before the workers enter it
     fetches = []
     try:
         for shard in shards:
-            fetch = storage.prefetch(ds.source.urls[shard], ds.source.options_for(shard, io))
+            fetch = storage.prefetch(ds.shards.urls[shard], ds.shards.options_for(shard, io))
             if fetch is not None:
                 fetches.append(fetch)
         # Until the store answers (a round trip; at most OPEN_WAIT): the requests go out now,

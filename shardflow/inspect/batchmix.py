@@ -87,8 +87,8 @@ def planned_mix(dataset: Any, batches: int, label: str = "cls", seed: int = 0) -
         ``permutation`` (the same figures for a permutation of the labels, seeded by ``seed``)
         and ``ratio`` (mean distinct over the permutation's).
     """
-    counts = np.asarray(dataset.source.counts, dtype=np.int64)
-    labels, where = read_labels(dataset.source, dataset.io, label)
+    counts = np.asarray(dataset.shards.counts, dtype=np.int64)
+    labels, where = read_labels(dataset.shards, dataset.io, label)
     plan = dataset.plan(0, 0)
     got = mix_stats(batch_labels(plan, labels, counts, batches))
     size = plan.batch_size

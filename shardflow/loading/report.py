@@ -297,5 +297,5 @@ def predicted_cost(dataset: Any, epoch: int, rank: int, workers: int) -> dict[st
     if not dataset.sized or dataset.io.cache_dir is not None:
         return None
     interleave = dataset.shuffle.interleave if dataset.shuffle.enabled else 1
-    cost = rank_cost(dataset.plan(epoch, rank), dataset.source, dataset.io, workers, interleave)
+    cost = rank_cost(dataset.plan(epoch, rank), dataset.shards, dataset.io, workers, interleave)
     return {"requests": cost.requests, "bytes": cost.bytes, "requests_max": cost.requests_max, "bytes_max": cost.bytes_max}

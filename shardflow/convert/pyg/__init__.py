@@ -47,6 +47,15 @@ dataset gives them cheaply, the ``graph`` schema (see :func:`graph_schema`) and
 source (spec, processed files, length, a sample of graph contents; for a plain
 iterable every graph's bytes) is unchanged.
 
+Order: by default the graphs are written in a seeded shuffle (``order="shuffled"``,
+:mod:`~shardflow.convert.engine.mixorder`), so that a dataset stored class after class (many
+``TUDataset`` s are) gives shards that mix the classes: an indexable dataset's graph numbers in
+:func:`~shardflow.convert.engine.mixorder.input_order`'s permutation (8 bytes per graph held), a
+plain iterable's graphs through the window shuffle (at most ``window`` encoded graphs held; by
+default one shard's, ``max_count``: the stream holds the graphs of the shard in flight anyway).
+``order="walk"`` writes graph 0, 1, 2, ... Keys stay the graph numbers either way; ``meta``
+records ``order`` and ``order_seed`` (and ``order_window`` for a plain iterable).
+
 Modules: :mod:`~shardflow.convert.pyg.spec` (dataset specs),
 :mod:`~shardflow.convert.pyg.schema` (the graph schema),
 :mod:`~shardflow.convert.pyg.workers` (indexable datasets, one graph number per
@@ -66,6 +75,7 @@ from typing import Any
 from ...errors import ConversionError
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
+from ..engine.mixorder import DEFAULT_ORDER, check_order, in_window_order, input_order, order_meta
 from .meta import close_database, dataset_info, file_states, fingerprint, qualname
 from .schema import graph_schema, merge_schemas
 from .spec import DatasetSpec, is_graph, is_indexable
@@ -114,8 +124,12 @@ def _convert(
     options: ConvertOptions,
     progress: Callable[[int], None] | None,
     client: Any = None,
+    order: str = DEFAULT_ORDER,
+    seed: int = 0,
+    window: int | None = None,
 ) -> Manifest:
     check_graph_field(field_name)
+    check_order(order)
     source = spec.describe() if spec is not None else f"{qualname(dataset)} object"
     meta: dict[str, Any] = {"converter": "pyg", "source": source, "dataset_class": qualname(dataset), "field": field_name}
     if not is_indexable(dataset):
@@ -128,10 +142,10 @@ def _convert(
         state = StreamState()
         return run_conversion(
             dst,
-            state.encode(dataset),
+            in_window_order(state.encode(dataset), order, int(seed), window or options.max_count),
             build_encoded,
             context=field_name,
-            meta={**meta, "size_columns": SIZE_COLUMNS},
+            meta={**meta, "size_columns": SIZE_COLUMNS, **order_meta(order, seed, window or options.max_count)},
             meta_at_end=lambda: {"num_graphs": state.count, "graph": state.schema, "graph_schema_from": state.observed},
             options=dataclasses.replace(options, workers=1),
             progress=progress,
@@ -142,7 +156,7 @@ def _convert(
     probe_at = probe_indices(n)
     probe, schema = probe_graphs(dataset, probe_at)
     meta.update(num_graphs=n, **dataset_info(dataset))
-    meta.update(graph=schema, graph_schema_from=len(probe_at), size_columns=SIZE_COLUMNS)
+    meta.update(graph=schema, graph_schema_from=len(probe_at), size_columns=SIZE_COLUMNS, **order_meta(order, seed))
     token = spec.token() if spec is not None else f"object:{id(dataset)}:{os.getpid()}"
     if client is not None and spec is None:
         raise ConversionError(
@@ -164,7 +178,8 @@ def _convert(
     tag = fingerprint(spec.token() if spec is not None else qualname(dataset), n, file_states(dataset), probe, field_name)
     # one descriptor per graph: a tag of the source (so a resumed run never keeps shards of
     # another dataset) and the graph number; graphs are taken and encoded in the workers
-    descriptors = ((tag, i) for i in range(n))
+    numbers = range(n) if order == "walk" else input_order(n, int(seed))
+    descriptors = ((tag, int(i)) for i in numbers)
     previous = DATASETS.get(token)
     DATASETS[token] = dataset  # worker processes forked from here inherit it
     try:
@@ -188,10 +203,13 @@ def convert_pyg(
     kwargs: Mapping[str, Any] | None = None,
     field: str = DEFAULT_FIELD,
     client: Any = None,
+    order: str = DEFAULT_ORDER,
+    seed: int = 0,
+    window: int | None = None,
 ) -> Manifest:
     """Convert the graphs of an importable PyG dataset into shards, one sample per graph.
 
-    Sample ``i`` holds graph ``i`` under key ``%09d % i`` in the field ``field``
+    Graph ``i`` is the sample with key ``%09d % i`` in the field ``field``
     (a ``.pyg`` field: exact tensors and dtypes, no pickle) plus its sizes-index
     row ``(num_nodes, num_edges)``. See the module docstring for how indexable
     datasets and plain iterables are read, and what ``meta`` holds.
@@ -212,20 +230,25 @@ def convert_pyg(
         client: a ``dask.distributed.Client``: write the shards as tasks on its
             cluster (its workers must reach the source and ``dst``); None: local
             processes.
+        order, seed: ``"shuffled"`` (default: the graphs in a seeded permutation, see the
+            module docstring) or ``"walk"`` (graph 0, 1, 2, ...).
+        window: a plain iterable's window shuffle, in graphs (the encoded graphs held at most;
+            None: ``options.max_count``).
 
     Returns:
         The manifest; ``meta`` holds ``converter``, ``source``, ``dataset_class``,
         ``num_graphs``, ``field``, ``graph`` (the schema of :func:`graph_schema`,
         merged over the graphs inspected: ``graph_schema_from`` of them),
         ``size_columns`` and, where the dataset gives them cheaply,
-        ``num_classes``, ``num_node_features``, ``num_edge_features``.
+        ``num_classes``, ``num_node_features``, ``num_edge_features``; ``order``,
+        ``order_seed`` (and ``order_window`` for a plain iterable).
 
     Raises:
         ConversionError: the spec cannot be imported or called, it gives
             something that is not graphs, or a worker failed (names the shard).
         SampleError: a graph holds an attribute a ``pyg`` field cannot store
             (names the graph and the attribute).
-        ValueError: a bad ``field`` or spec.
+        ValueError: a bad ``field``, spec or ``order``.
     """
     if isinstance(dataset_spec, DatasetSpec):
         if root is not None or kwargs:
@@ -235,7 +258,8 @@ def convert_pyg(
         spec = DatasetSpec(dataset_spec, dict(kwargs or {}), os.fspath(root) if root is not None else None)
     check_graph_field(field)
     dataset = spec.open()
-    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client)
+    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client,
+                    order=order, seed=seed, window=window)
 
 
 def convert_graphs(
@@ -247,6 +271,9 @@ def convert_graphs(
     field: str = DEFAULT_FIELD,
     spec: DatasetSpec | None = None,
     client: Any = None,
+    order: str = DEFAULT_ORDER,
+    seed: int = 0,
+    window: int | None = None,
 ) -> Manifest:
     """Convert a dataset object already in hand (``InMemoryDataset``, ``OnDiskDataset``,
     a list of ``Data``, a generator of graphs) into shards, as :func:`convert_pyg`.
@@ -258,9 +285,10 @@ def convert_graphs(
 
     ``spec``, when the dataset was built by :meth:`DatasetSpec.open`, names the
     source in the manifest and lets workers not started by ``fork`` (and Dask
-    workers, with ``client``) build it again.
+    workers, with ``client``) build it again. ``order``, ``seed``, ``window``: as :func:`convert_pyg`.
     """
-    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client)
+    return _convert(dataset, dst, spec=spec, field_name=field, options=options, progress=progress, client=client,
+                    order=order, seed=seed, window=window)
 
 
 def to_shards(
@@ -274,12 +302,14 @@ def to_shards(
     resume: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
+    order: str = DEFAULT_ORDER,
+    seed: int = 0,
 ) -> Manifest:
     """Write an existing PyG dataset object into shards, one sample per graph.
 
     The graphs are encoded one at a time (never collated), each stored by its own
     elements (a graph of an ``InMemoryDataset`` is a view into the whole collated
-    storage; only its part is written). Sample ``i`` has key ``%09d % i``, the
+    storage; only its part is written). Graph ``i`` has key ``%09d % i``, the
     graph in ``field`` and its ``(num_nodes, num_edges)`` in the sizes index (for
     ``shardflow.loader(..., max_cost=...)``). Read the shards back with
     ``shardflow.ShardDataset(dst)``.
@@ -297,6 +327,7 @@ def to_shards(
         resume: keep finished shards of an earlier run whose source is unchanged.
         storage_options: fsspec options for a remote ``dst``.
         progress: ``progress(n)`` after every finished shard of ``n`` graphs.
+        order, seed: ``"shuffled"`` (default, seeded) or ``"walk"``: see :func:`convert_pyg`.
 
     Returns:
         The :class:`~shardflow.format.manifest.Manifest`; ``meta`` holds the
@@ -316,4 +347,5 @@ def to_shards(
         resume=resume,
         storage_options=dict(storage_options or {}),
     )
-    return convert_graphs(dataset, os.fspath(dst), options=options, progress=progress, field=field)
+    return convert_graphs(dataset, os.fspath(dst), options=options, progress=progress, field=field, order=order,
+                          seed=seed)

@@ -20,6 +20,12 @@ the source size. How rows are read, per source:
 - HDF5 (``h5py``, the ``hdf5`` extra): rows ``[start, stop)`` read per chunk
   straight into the chunk's array (``Dataset.read_direct``), so only the HDF5
   chunks that hold those rows are read and decompressed.
+
+Rows in any order (:meth:`RowReader.take`, a shuffled conversion's chunk): sorted first, then
+taken through a fresh map per :data:`_MAP_PIECE` bytes of rows (``.npy``, stored ``.npz``), or
+read run by run of consecutive rows in ascending order (HDF5: one ``read_direct`` per run; a
+compressed ``.npz`` member: one forward pass over the member per chunk). They stay sorted, with
+where each asked row is, so memory holds the chunk once, as for a range.
 """
 
 from __future__ import annotations
@@ -292,6 +298,100 @@ class RowReader:
             return self._read_whole(start, stop)
         return self._read_stream(start, stop)
 
+    def rows(self, rows: list[int]) -> np.ndarray:
+        """Rows ``rows`` (any order, no repeats) as one C-contiguous array, in that order:
+        shape ``(len(rows), *row_shape)`` (a copy of :meth:`take`'s block).
+
+        Raises:
+            IndexError: a row outside the array.
+        """
+        block, where = self.take(rows)
+        return np.ascontiguousarray(block[where])
+
+    def take(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``rows`` (any order, no repeats) read in ascending order: ``(block, where)``,
+        ``block`` C-contiguous of shape ``(len(rows), *row_shape)``, row ``rows[j]`` at
+        ``block[where[j]]`` (``where`` int64, shape ``(len(rows),)``).
+
+        Raises:
+            IndexError: a row outside the array.
+        """
+        n = len(rows)
+        if n and rows[-1] - rows[0] == n - 1 and all(b == a + 1 for a, b in zip(rows, rows[1:])):
+            return self.read(rows[0], rows[-1] + 1), np.arange(n, dtype=np.int64)  # consecutive: one range
+        want = np.asarray(rows, dtype=np.int64)
+        by_row = np.argsort(want, kind="stable")
+        ordered = want[by_row]
+        if n and (ordered[0] < 0 or ordered[-1] >= self.spec.rows):
+            raise IndexError(f"{self.spec.describe()}: rows {rows[:5]}... outside 0..{self.spec.rows}")
+        where = np.empty(n, dtype=np.int64)
+        where[by_row] = np.arange(n, dtype=np.int64)
+        if not n:
+            return np.empty((0, *self.spec.row_shape), dtype=self.spec.dtype), where
+        if self.spec.kind == "npy" or (self.spec.kind == "npz" and not self.spec.compressed):
+            return (self._take_mapped(ordered) if self.spec.fortran else self._take_read(ordered)), where
+        out = np.empty((n, *self.spec.row_shape), dtype=self.spec.dtype)
+        at = 0
+        for run in np.split(ordered, np.flatnonzero(np.diff(ordered) != 1) + 1):
+            out[at : at + len(run)] = self.read(int(run[0]), int(run[-1]) + 1)
+            at += len(run)
+        return out, where
+
+    def _take_read(self, ordered: np.ndarray) -> np.ndarray:
+        """Sorted rows of a C-ordered ``.npy`` or stored ``.npz`` member, each run of consecutive
+        rows read with one ``preadv`` straight into the block: no mapped pages to count (a map
+        would fault in pages around every scattered row)."""
+        spec = self.spec
+        out = np.empty((len(ordered), *spec.row_shape), dtype=spec.dtype)
+        row = spec.row_bytes
+        if not row:
+            return out
+        raw = out.reshape(-1).view(np.uint8)
+        with open(spec.path, "rb", buffering=0) as f:
+            offset = spec.offset
+            if spec.kind == "npy":
+                _npy_header(f, spec.describe())
+                offset = f.tell()
+            at = 0
+            for run in np.split(ordered, np.flatnonzero(np.diff(ordered) != 1) + 1):
+                view, pos = memoryview(raw[at * row : (at + len(run)) * row]), offset + int(run[0]) * row
+                while len(view):
+                    got = os.preadv(f.fileno(), [view], pos)
+                    if not got:
+                        raise ConversionError(f"{spec.describe()}: the file ends inside row {int(run[0])}")
+                    view, pos = view[got:], pos + got
+                at += len(run)
+        return out
+
+    def _take_mapped(self, ordered: np.ndarray) -> np.ndarray:
+        """Sorted rows copied out of a fresh memory map per :data:`_MAP_PIECE` bytes of them."""
+        spec = self.spec
+        out = np.empty((len(ordered), *spec.row_shape), dtype=spec.dtype)
+        step = max(1, _MAP_PIECE // max(spec.row_bytes, 1))
+        for a in range(0, len(ordered), step):
+            mm = self._map()
+            try:
+                out[a : a + step] = mm[ordered[a : a + step]]
+            finally:
+                base = getattr(mm, "_mmap", None)
+                del mm
+                self._close(base)
+        return out
+
+    def _map(self) -> np.ndarray:
+        spec = self.spec
+        if spec.kind == "npy":
+            return np.load(spec.path, mmap_mode="r", allow_pickle=False)
+        return np.memmap(spec.path, dtype=spec.dtype, mode="r", offset=spec.offset, shape=spec.shape,
+                         order="F" if spec.fortran else "C")  # fmt: skip
+
+    @staticmethod
+    def _close(base: Any) -> None:
+        """Close a map's ``mmap`` (its array dropped first: a view still alive keeps it mapped)."""
+        if base is not None:
+            with contextlib.suppress(BufferError):
+                base.close()
+
     def _read_mapped(self, start: int, stop: int) -> np.ndarray:
         """Copy rows out of a fresh memory map per piece of :data:`_MAP_PIECE` bytes.
 
@@ -305,19 +405,13 @@ class RowReader:
         step = max(1, _MAP_PIECE // max(spec.row_bytes, 1))
         for a in range(start, stop, step):
             b = min(stop, a + step)
-            if spec.kind == "npy":
-                mm = np.load(spec.path, mmap_mode="r", allow_pickle=False)
-            else:
-                mm = np.memmap(spec.path, dtype=spec.dtype, mode="r", offset=spec.offset, shape=spec.shape,
-                               order="F" if spec.fortran else "C")
+            mm = self._map()
             try:
                 out[a - start : b - start] = mm[a:b]
             finally:
                 base = getattr(mm, "_mmap", None)
                 del mm
-                if base is not None:
-                    with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
-                        base.close()
+                self._close(base)
         return out
 
     def _read_whole(self, start: int, stop: int) -> np.ndarray:

@@ -18,8 +18,8 @@ JSON-lines mode, does not parse) stops the conversion with an error naming the
 line number.
 
 Empty lines: in text mode an empty line is kept as a sample with an empty
-``txt``, so sample ``i`` (0-based, in stream order) is always line ``i + 1`` of
-the file, which is what a line-offset text dataset expects. In JSON-lines mode
+``txt``, so (in the walk order, text mode's default) sample ``i`` (0-based, in stream order) is
+always line ``i + 1`` of the file, which is what a line-offset text dataset expects. In JSON-lines mode
 lines holding only whitespace are skipped (JSON Lines has no empty value); the
 keys keep the file's line numbers, so a skipped line shows as a gap.
 
@@ -32,6 +32,21 @@ alternative, byte offsets that workers re-read themselves, would read the file
 twice, would not work for compressed files, and saves only the pickling of text
 that the workers have to read anyway. Since the descriptor hash covers the
 lines' bytes, a resumed run keeps exactly the shards whose lines are unchanged.
+
+Order. A stream allows no permutation of the whole file, so ``order="shuffled"`` (the default
+in JSON-lines mode, where each line is a record and a file sorted by label is common) puts the
+lines through a seeded window shuffle of ``window`` lines
+(:func:`~shardflow.convert.engine.mixorder.window_shuffled`, default
+:data:`~shardflow.convert.engine.mixorder.DEFAULT_WINDOW`, 16,384): a line moves by less than
+``window`` positions from its place in the file, either way, and the lines of any stretch of
+``window`` are shuffled together, within and across shards. Memory: at most ``window`` lines
+held by the shuffle (16 MiB at 1 KiB a line), on top of the lines of the shards in flight. A file
+sorted on a longer scale than the window stays sorted on that scale: shuffle it beforehand, or
+raise ``window``. ``order="walk"`` (the default in text mode: the lines of a text are often the
+sentences or paragraphs of a document, their order part of it, and sample ``i`` is line ``i + 1``
+only in this order) writes the lines as they come. Keys stay the line numbers;
+``meta`` records ``order``, ``order_seed`` and ``order_window``. The same file, seed and window
+give the same shards, so a re-run resumes.
 
 Note: each sample costs at least 1 KiB in a tar (a 512-byte header and data
 padded to 512 bytes), so a file of short lines grows about ``1 KiB / line``.
@@ -50,6 +65,7 @@ from ... import storage
 from ...errors import ConversionError
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
+from ..engine.mixorder import DEFAULT_ORDER, DEFAULT_WINDOW, check_order, in_window_order, order_meta
 
 __all__ = ["convert_lines", "iter_lines", "JSON_SUFFIXES"]
 
@@ -147,6 +163,9 @@ def convert_lines(
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[int], None] | None = None,
     client: Any = None,
+    order: str | None = None,
+    seed: int = 0,
+    window: int = DEFAULT_WINDOW,
 ) -> Manifest:
     """Convert a text or JSON-lines file into shards, one sample per line, as a stream.
 
@@ -168,17 +187,26 @@ def convert_lines(
         client: a ``dask.distributed.Client``: write the shards as tasks on its
             cluster (its workers must reach the source and ``dst``); None: local
             processes.
+        order, seed, window: ``"shuffled"`` (a seeded window shuffle of ``window`` lines, see
+            the module docstring) or ``"walk"`` (the file's order); None: shuffled in
+            JSON-lines mode, walk in text mode.
 
     Returns:
         The manifest; its ``meta`` holds ``source``, ``field``, ``compression``,
-        ``lines`` (lines in the file) and ``samples``.
+        ``lines`` (lines in the file), ``samples``, ``order``, ``order_seed`` and
+        ``order_window``.
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
         ConversionError: a line is not UTF-8 or (JSON lines) not JSON; the
             message names the line number.
         ShardFormatError: corrupt or truncated compressed data.
+        ValueError: an unknown ``order``, ``window < 1``.
     """
+    if order is not None:
+        check_order(order)
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
     src = os.fspath(src)
     io = options.io
     if not storage.exists(src, io):
@@ -186,6 +214,7 @@ def convert_lines(
     if json_lines is None:
         json_lines = _is_json_name(src)
     field = "json" if json_lines else "txt"
+    order = order or (DEFAULT_ORDER if json_lines else "walk")
     counts = {"lines": 0, "samples": 0}
 
     def descriptors() -> Iterator[tuple[int, bytes]]:
@@ -203,10 +232,11 @@ def convert_lines(
         "field": field,
         "compression": _compression(src, io),
         "empty_lines": "skipped" if json_lines else "kept",
+        **order_meta(order, seed, window),
     }
     return run_conversion(
         dst,
-        descriptors(),
+        in_window_order(descriptors(), order, int(seed), window),
         _build,
         context=_Context(src, field),
         meta=meta,

@@ -33,6 +33,10 @@ datasets in row groups of 100 rows; docs/getting-data-in.md measures a file writ
 one large row group). A row group that two shards share is read by both. A
 re-run keeps the finished shards whose pieces, file sizes and modification
 times (ETags remotely) are unchanged.
+
+Order: by default a seeded shuffle, row groups then each shard's rows (``order="shuffled"``,
+:mod:`shardflow.convert.records.parquetorder`: its memory is one shard's rows per worker);
+``order="walk"``: the files' order. Keys stay the row numbers; ``meta`` records ``order``, ``order_seed``.
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ from ...storage.backends.filesystems import object_identity
 from ...storage.urls import has_glob, local_path
 from .columns import Column, encode_value, parse_columns, plan_columns
 from ..engine.engine import ConvertOptions, run_conversion
+from ..engine.mixorder import DEFAULT_ORDER, check_order, input_order, order_meta
 from .hflayout import check_layout
 from .imagepaths import check_images_root, read_image_path
+from .parquetorder import OrderedPiece, RowGroup, cut_inputs, shuffled_inputs
 
 __all__ = ["convert_parquet", "parquet_files", "count_rows", "BATCH_ROWS", "READ_BUFFER"]
 
@@ -164,6 +170,7 @@ class _Context:
     columns: tuple[Column, ...]
     io: storage.IOOptions
     images_root: str | None = None  # the real path of the folder images referenced by path may be read from
+    seed: int | None = None  # the shuffled order's seed (the inputs are shuffled ones); None: the walk
 
 
 class _Listing:
@@ -173,9 +180,9 @@ class _Listing:
         self.files, self.plan, self.io, self.max_count = files, plan, io, max_count
         self.rows: list[int] = []
 
-    def inputs(self) -> Iterator[tuple[int, tuple[Piece, ...]]]:
-        pieces: list[Piece] = []
-        first = total = 0
+    def groups(self) -> Iterator[RowGroup]:
+        """Every row group, file by file, as each file's footer is read."""
+        row = 0
         for url in self.files:
             with _open(url, self.io) as f:
                 self._check(url, f.schema_arrow)
@@ -184,17 +191,8 @@ class _Listing:
             version = _version(url, self.io)
             self.rows.append(sum(groups))
             for g, n in enumerate(groups):
-                start = 0
-                while start < n:
-                    take = min(n - start, self.max_count - (total - first))
-                    pieces.append((url, version, g, n, start, start + take))
-                    start += take
-                    total += take
-                    if total - first == self.max_count:
-                        yield first, tuple(pieces)
-                        pieces, first = [], total
-        if pieces:
-            yield first, tuple(pieces)
+                yield url, version, g, n, row
+                row += n
 
     def _check(self, url: str, schema: Any) -> None:
         """Every file holds the planned columns, of the same kinds and class names as the first."""
@@ -222,6 +220,9 @@ def _build(inputs: list[tuple[int, tuple[Piece, ...]]], ctx: _Context) -> Iterat
     A file stays open while consecutive pieces read it (a shard of many row groups
     of one file reads its footer once).
     """
+    if ctx.seed is not None:
+        yield from _build_shuffled(inputs, ctx)  # type: ignore[arg-type]
+        return
     with contextlib.ExitStack() as stack:
         opened: tuple[str, Any] | None = None
         for first, pieces in inputs:
@@ -234,19 +235,53 @@ def _build(inputs: list[tuple[int, tuple[Piece, ...]]], ctx: _Context) -> Iterat
                 row += end - start
 
 
-def _read_piece(f: Any, columns: Sequence[Column], row: int, url: str, group: int, rows: int, start: int,
-                end: int, images_root: str | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
-    """The samples of rows ``start:end`` of one row group, ``row`` being the first one's number."""
+def _build_shuffled(inputs: list[tuple[int, tuple[OrderedPiece, ...]]], ctx: _Context) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Worker: read each shard's pieces (as the walk does, batch by batch, each turned into
+    Python values at once), then yield its rows in ``input_order(rows, seed)``
+    (:mod:`shardflow.convert.records.parquetorder`)."""
+    with contextlib.ExitStack() as stack:
+        opened: tuple[str, Any] | None = None
+        for _, pieces in inputs:
+            rows: list[tuple[int, str, int, int, list[Any]]] = []  # (row number, file, row group, row in it, values)
+            for url, _, group, n, start, end, row in pieces:
+                if opened is None or opened[0] != url:
+                    stack.close()
+                    opened = (url, stack.enter_context(_open(url, ctx.io)))
+                for batch, at in _piece_batches(opened[1], ctx.columns, url, group, n, start, end):
+                    values = [_values(batch.column(i), c) for i, c in enumerate(ctx.columns)]
+                    first = row + at - start
+                    rows += [(first + j, url, group, at + j, [v[j] for v in values]) for j in range(batch.num_rows)]
+            for i in input_order(len(rows), int(ctx.seed or 0)):
+                number, url, group, at, row_values = rows[int(i)]
+                key = f"{number:0{_KEY_WIDTH}d}"
+                yield key, _fields(ctx.columns, row_values, key, url, group, at, ctx.images_root)
+
+
+def _check_group(f: Any, url: str, group: int, rows: int) -> None:
     if group >= f.metadata.num_row_groups or f.metadata.row_group(group).num_rows != rows:
         raise ConversionError(f"{url}: row group {group} is not the one listed ({rows} rows): "
                               "the file changed during the conversion")  # fmt: skip
+
+
+def _read_piece(f: Any, columns: Sequence[Column], row: int, url: str, group: int, rows: int, start: int,
+                end: int, images_root: str | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:  # fmt: skip
+    """The samples of rows ``start:end`` of one row group, ``row`` being the first one's number."""
+    for batch, at in _piece_batches(f, columns, url, group, rows, start, end):
+        yield from _samples(batch, columns, row, url, group, at, images_root)
+        row += batch.num_rows
+
+
+def _piece_batches(f: Any, columns: Sequence[Column], url: str, group: int, rows: int, start: int,
+                   end: int) -> Iterator[tuple[Any, int]]:  # fmt: skip
+    """Rows ``start:end`` of one row group, :data:`BATCH_ROWS` at a time: ``(batch, its first row
+    in the row group)``."""
+    _check_group(f, url, group, rows)
     at = 0
     names = [c.name for c in columns]
     for batch in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=names, use_threads=False):
         lo, hi = max(start - at, 0), min(end - at, batch.num_rows)
         if lo < hi:
-            yield from _samples(batch.slice(lo, hi - lo), columns, row, url, group, at + lo, images_root)
-            row += hi - lo
+            yield batch.slice(lo, hi - lo), at + lo
         at += batch.num_rows
         if at >= end:
             return
@@ -268,16 +303,21 @@ def _samples(batch: Any, columns: Sequence[Column], row: int, url: str, group: i
     values = [_values(batch.column(i), c) for i, c in enumerate(columns)]
     for j in range(batch.num_rows):
         key = f"{row + j:0{_KEY_WIDTH}d}"
-        fields: dict[str, bytes] = {}
-        for c, column in zip(columns, values):
-            v = column[j]
-            if v is not None:
-                where = f"{url} (row group {group}, row {start + j}, key {key})"
-                if isinstance(v, Mapping) and images_root is not None and c.kind in ("image", "bytes"):
-                    v = read_image_path(v, url, images_root, where)  # an image referenced by path
-                name, data = encode_value(c, key, v, where)
-                fields[name] = data
-        yield key, fields
+        yield key, _fields(columns, [column[j] for column in values], key, url, group, start + j, images_root)
+
+
+def _fields(columns: Sequence[Column], values: Sequence[Any], key: str, url: str, group: int, at: int,
+            images_root: str | None) -> dict[str, bytes]:  # fmt: skip
+    """One row's fields: row ``at`` of row group ``group`` of ``url``, its column values ``values``."""
+    fields: dict[str, bytes] = {}
+    for c, v in zip(columns, values):
+        if v is not None:
+            where = f"{url} (row group {group}, row {at}, key {key})"
+            if isinstance(v, Mapping) and images_root is not None and c.kind in ("image", "bytes"):
+                v = read_image_path(v, url, images_root, where)  # an image referenced by path
+            name, data = encode_value(c, key, v, where)
+            fields[name] = data
+    return fields
 
 
 def _meta(src: str, files: list[str], plan: list[Column]) -> dict[str, Any]:
@@ -308,6 +348,8 @@ def convert_parquet(
     client: Any = None,
     merge_configs: bool = False,
     images_root: str | os.PathLike[str] | None = None,
+    order: str = DEFAULT_ORDER,
+    seed: int = 0,
 ) -> Manifest:
     """Convert Parquet files into shards, one sample per row (see the module docstring).
 
@@ -329,11 +371,13 @@ def convert_parquet(
         images_root: a local folder: image values that hold only a ``path``
             (``datasets``' ``to_parquet()`` of local images) are read from it
             (:mod:`shardflow.convert.records.imagepaths`; default: such a value is an error).
+        order, seed: ``"shuffled"`` (default: row groups, then each shard's rows, in seeded
+            permutations; see :mod:`~shardflow.convert.records.parquetorder`) or ``"walk"``.
 
     Returns:
         The manifest; ``meta`` holds ``source``, ``columns`` (each column's kind,
         field and class names), ``class_to_idx`` (of a ``ClassLabel`` column
-        written as ``cls``), ``rows`` and ``files`` (each file's rows).
+        written as ``cls``), ``rows``, ``files`` (each file's rows), ``order`` and ``order_seed``.
 
     Raises:
         FileNotFoundError: no Parquet file at ``src``.
@@ -344,7 +388,9 @@ def convert_parquet(
             stored (names the file, row group, row and key); several Hugging
             Face configs or splits (names them).
         ImagePathError: an image path leads out of ``images_root``.
+        ValueError: an unknown ``order``.
     """
+    check_order(order)
     src = os.fspath(src)
     _pyarrow()
     io = options.io
@@ -357,12 +403,16 @@ def convert_parquet(
     if options.group_size is None:
         options = dataclasses.replace(options, group_size=1)  # each input is one shard's rows
     listing = _Listing(files, plan, io, options.max_count)
-    meta = _meta(src, files, plan)
+    meta = {**_meta(src, files, plan), **order_meta(order, seed)}
+    if order == "walk":
+        inputs = cut_inputs(listing.groups(), options.max_count, numbered=False)
+    else:
+        inputs = shuffled_inputs(listing.groups(), options.max_count, int(seed))
     return run_conversion(
         dst,
-        listing.inputs(),
+        inputs,
         _build,
-        context=_Context(tuple(plan), io, root),
+        context=_Context(tuple(plan), io, root, None if order == "walk" else int(seed)),
         meta=meta,
         meta_at_end=listing.summary,
         options=options,

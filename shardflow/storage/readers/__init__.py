@@ -6,7 +6,8 @@ A reader is opened at a byte offset and has ``read(n) -> bytes`` (``b""`` at the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..backends.filesystems import fresh_info, is_http, is_memory
 from ..options import IOOptions
@@ -18,7 +19,7 @@ from .memory import MemoryReader
 from .metered import Metered
 from .s3 import S3Reader, is_s3
 
-__all__ = ["FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader", "open_regular", "regular_fd"]
+__all__ = ["READERS", "FileReader", "GCSReader", "HTTPReader", "LocalReader", "MemoryReader", "S3Reader", "open_reader", "open_regular", "regular_fd"]
 
 
 def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
@@ -37,19 +38,36 @@ def open_reader(fs, path: str, url: str, offset: int, end: int | None, options: 
 
 def _open(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions,
           expect: Mapping[str, str] | None):
+    for _, matches, opener in READERS:
+        if matches(fs):
+            return opener(fs, path, url, offset, end, options, expect)
+    return FileReader(fs, path, offset, options.block_size)
+
+
+def _is_local(fs) -> bool:
     from fsspec.implementations.local import LocalFileSystem  # imported already: fs is an fsspec filesystem
 
-    if isinstance(fs, LocalFileSystem):
-        return LocalReader(path, offset)
-    if is_memory(fs):
-        return MemoryReader(fs, path, offset)
-    if is_http(fs):
-        info = fresh_info(fs, path, options.request_timeout)
-        size = info.get("size")
-        stop = end if size is None else (size if end is None else min(end, size))
-        return HTTPReader(fs, url, offset, stop, info, options.request_timeout)
-    if is_s3(fs):
-        return S3Reader(fs, path, url, offset, end, expect, options.request_timeout)
-    if is_gcs(fs):
-        return GCSReader(fs, path, url, offset, end, expect, options.request_timeout)
-    return FileReader(fs, path, offset, options.block_size)
+    return isinstance(fs, LocalFileSystem)
+
+
+def _http(fs, path: str, url: str, offset: int, end: int | None, options: IOOptions, expect) -> HTTPReader:
+    info = fresh_info(fs, path, options.request_timeout)  # the size bounds the request (no open-ended range)
+    size = info.get("size")
+    stop = end if size is None else (size if end is None else min(end, size))
+    return HTTPReader(fs, url, offset, stop, info, options.request_timeout)
+
+
+READERS: tuple[tuple[str, Callable[[Any], bool], Callable[..., Any]], ...] = (
+    ("local", _is_local, lambda fs, path, url, offset, end, options, expect: LocalReader(path, offset)),
+    ("memory", is_memory, lambda fs, path, url, offset, end, options, expect: MemoryReader(fs, path, offset)),
+    ("http", is_http, _http),
+    ("s3", is_s3, lambda fs, path, url, offset, end, options, expect: S3Reader(
+        fs, path, url, offset, end, expect, options.request_timeout)),
+    ("gcs", is_gcs, lambda fs, path, url, offset, end, options, expect: GCSReader(
+        fs, path, url, offset, end, expect, options.request_timeout)),
+)
+"""The reader of each filesystem, as ``(name, matches(fs), open(fs, path, url, offset, end,
+options, expect))``, tried in order (as fsspec's ``known_implementations`` maps protocols to
+classes): the first that matches opens the object; any other filesystem gets the generic
+:class:`~.generic.FileReader` (fsspec's own file object, read in ``block_size`` parts). A new
+store's reader is one more row."""
