@@ -300,6 +300,31 @@ def test_key_rule_property(files: list[tuple[str, str]]) -> None:
         assert (recorded is None) == (sum(n.rpartition(".")[0] == stem for n in names) == 1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_shuffled_odd_tree_is_the_walk_permuted(odd_tree: Path, tmp_path: Path, workers: int) -> None:
+    """The shuffled order lists names alone (:mod:`shardflow.convert.images.imagelist`): on a tree
+    with escaped and suffixed keys, nesting, links, hidden and ignored entries and many formats
+    it writes the walk's samples in the seeded permutation, with the walk's counts and names."""
+    options = ConvertOptions(max_count=5, workers=workers)
+    walk = convert_imagefolder(odd_tree, str(tmp_path / "walk"), options=options, follow_links=True, order="walk")
+    walked = [s for name in tars(tmp_path / "walk") for s in shard_samples(tmp_path / "walk" / name)]
+    mixed = convert_imagefolder(odd_tree, str(tmp_path / "mixed"), options=options, follow_links=True)
+    samples = [s for name in tars(tmp_path / "mixed") for s in shard_samples(tmp_path / "mixed" / name)]
+    assert samples == [walked[i] for i in input_order(len(walked), 0)]
+    assert [s.samples for s in mixed.shards] == [5, 5, 2]
+    assert mixed.meta["order"] == "shuffled" and walk.meta["order"] == "walk"
+    same = ("class_to_idx", "class_counts", "image_fields", "ignored_files", "skipped_dirs", "ignored", "skipped_count")
+    assert {k: mixed.meta[k] for k in same} == {k: walk.meta[k] for k in same}
+    assert mixed.fields == walk.fields
+
+
+def test_shuffled_keeps_an_empty_class_with_allow_empty(junk_tree: Path, tmp_path: Path) -> None:
+    manifest = convert_imagefolder(junk_tree, str(tmp_path / "out"), allow_empty=True, options=ConvertOptions(workers=1))
+    assert manifest.meta["class_counts"] == {"cat": 2, "dog": 2, "empty": 0, "notes": 0}
+    assert sorted(k for name in tars(tmp_path / "out") for k, _ in shard_samples(tmp_path / "out" / name)) == [
+        "cat/a", "cat/b", "dog/C", "dog/D"]  # fmt: skip
+
+
 def test_extensions_option(odd_tree: Path, tmp_path: Path) -> None:
     manifest = convert_imagefolder(odd_tree, str(tmp_path / "out"), extensions=(".PNG", "jpeg"), allow_empty=True)
     assert manifest.meta["class_counts"] == {"bird": 3, "fish": 0}
@@ -624,17 +649,37 @@ def test_local_tree_reads_the_whole_file_whatever_size_was_listed(tmp_path, size
     assert LocalTree(str(tmp_path)).read("a/b.jpg", size) == data
 
 
-def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch):
+@pytest.mark.parametrize("order", ["walk", "shuffled"])
+def test_a_file_that_changed_size_since_the_listing_is_an_error(tmp_path, monkeypatch, order):
     from shardflow.convert.images.walk import LocalTree
 
     src = tmp_path / "src"
     write(src / "cat" / "a.jpg", image_bytes("jpeg", 1))
     write(src / "cat" / "b.jpg", image_bytes("jpeg", 2))
-    real = LocalTree.stat
-    monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (lambda s: (s[0] + (rel == "cat/b.jpg"), s[1]))(real(self, rel)))
+    if order == "walk":  # the size the listing's stat saw
+        real = LocalTree.stat
+        monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (lambda s: (s[0] + (rel == "cat/b.jpg"), s[1]))(real(self, rel)))
+    else:  # the shuffled order lists names alone: the size the open file had (fstat) before its read
+        real_read = LocalTree.read_versioned
+        monkeypatch.setattr(LocalTree, "read_versioned",
+                            lambda self, rel: (lambda d, n, v: (d, n + (rel == "cat/b.jpg"), v))(*real_read(self, rel)))
     with pytest.raises(ConversionError, match=r"cat/b\.jpg: changed during the conversion"):
-        convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1))
+        convert_imagefolder(src, str(tmp_path / "out"), options=ConvertOptions(workers=1), order=order)
     assert not (tmp_path / "out" / "train-000000.tar").exists()
+
+
+@pytest.mark.parametrize("length", [0, 100, 3 << 20])
+def test_local_tree_read_versioned_takes_size_and_version_from_the_open_file(tmp_path, length):
+    from shardflow.convert.images.walk import LocalTree
+
+    data = np.random.default_rng(length).bytes(length)
+    write(tmp_path / "a" / "b.jpg", data)
+    os.utime(tmp_path / "a" / "b.jpg", ns=(1, 1_234_567_891_011))
+    tree = LocalTree(str(tmp_path))
+    assert tree.read_versioned("a/b.jpg") == (data, length, 1_234_567_891_011)
+    assert tree.stat("a/b.jpg") == (length, 1_234_567_891_011)  # what a re-run compares it with
+    with pytest.raises(FileNotFoundError):
+        tree.read_versioned("a/missing.jpg")
 
 
 @pytest.mark.slow

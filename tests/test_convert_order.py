@@ -119,3 +119,39 @@ def test_a_failed_shuffled_conversion_resumes_byte_identical(tree: Path, tmp_pat
     assert {n: os.stat(dst / n).st_mtime_ns for n in done} == before  # finished shards kept
     assert tars(dst) == tars(clean)
     assert all(filecmp.cmp(dst / n, clean / n, shallow=False) for n in tars(clean))
+
+
+def test_shuffled_listing_stats_no_file_and_a_rerun_rewrites_only_changed_shards(tree: Path, tmp_path: Path,
+                                                                                   monkeypatch) -> None:  # fmt: skip
+    from shardflow.convert.images.walk import LocalTree
+
+    stats: list[str] = []
+    real = LocalTree.stat
+    monkeypatch.setattr(LocalTree, "stat", lambda self, rel: (stats.append(rel), real(self, rel))[1])
+    src = tmp_path / "src"
+    shutil.copytree(tree, src)
+    dst = tmp_path / "out"
+    first = convert(src, dst)
+    # the listing keeps names alone: sizes and versions come from the files the workers opened
+    assert stats == []
+    assert first.meta["class_counts"] == {f"c{c:02d}": PER for c in range(CLASSES)}
+    names = tars(dst)
+    before = {n: os.stat(dst / n).st_mtime_ns for n in names}
+    order = input_order(CLASSES * PER, 0)
+    shard_of = {walk_names()[int(i)]: p // MAX_COUNT for p, i in enumerate(order)}
+    grown = walk_names()[7]  # new bytes of another size
+    (src / grown).write_bytes(tiny_image("png", 10_000, size=(6, 5)))
+    touched = next(n for n in walk_names() if shard_of[n] not in (shard_of[grown],))  # same bytes, newer mtime
+    os.utime(src / touched, ns=(1, os.stat(src / touched).st_mtime_ns + 10**9))
+    second = convert(src, dst)
+    # a re-run takes every file's size and version with a stat before it keeps a finished shard
+    assert sorted(stats) == sorted(walk_names())
+    rewritten = sorted(n for n in names if os.stat(dst / n).st_mtime_ns != before[n])
+    assert rewritten == sorted({f"train-{shard_of[grown]:06d}.tar", f"train-{shard_of[touched]:06d}.tar"})
+    assert second.meta["class_counts"] == first.meta["class_counts"]
+    clean = tmp_path / "clean"
+    convert(src, clean)
+    assert tars(dst) == tars(clean)
+    assert all(filecmp.cmp(dst / n, clean / n, shallow=False) for n in tars(clean))
+    keys, _, _ = stored(dst)
+    assert keys[list(order).index(7)] == walk_names()[7][:-4]

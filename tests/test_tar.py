@@ -413,3 +413,15 @@ def test_iter_samples_returns_where_the_walk_stopped_and_scan_shard_takes_its_sa
     assert list(iter_samples(chunked(data), "r.tar", limit=3)) == got[:3]
     keys, offsets, fields = scan_shard(chunked(data), "r.tar")
     assert (keys, offsets, fields) == ([k for k, _ in samples], [o for _, o, _ in got] + [len(body)], {"cls": 20, "txt": 20})
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(st.sampled_from("ab.~%_/0\u00e9\udc80"), min_size=1, max_size=110),
+    st.dictionaries(st.text(st.sampled_from("abcxyz.\u00e9"), min_size=1, max_size=12), st.binary(max_size=1100),
+                    min_size=1, max_size=3),
+)
+@example("k" * 95, {"cls": b"7", "jpeg": b"x"})  # one member name fits ustar, the other needs a PAX record
+def test_encode_sample_is_its_members_encoded_one_by_one(key: str, fields: dict[str, bytes]) -> None:
+    # the ASCII fast path (ustar.ascii_sample) gives exactly the bytes of the general path
+    assert encode_sample(key, fields) == b"".join(encode_member(f"{key}.{f}", fields[f]) for f in sorted(fields))

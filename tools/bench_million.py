@@ -21,7 +21,7 @@ counted in each: an upper bound).
 Then, in a fresh process for each, ``ShardDataset(DST)`` over shardflow's output: the seconds to
 ``len()`` and to the first sample (imports before the timer; their seconds printed beside).
 
-usage: python tools/bench_million.py TREE [--repeat 1] [--libs shardflow,tar,litdata,mosaic]
+usage: python tools/bench_million.py TREE [--repeat 1] [--libs shardflow,tar,litdata,mosaic[,shardflow-walk]]
                                       [--work DIR] [--json OUT.json] [--keep]
 
 Mosaic's ``streaming.vision`` imports torchvision, whose PyPI build does not import beside the
@@ -44,7 +44,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-LIBS = ("shardflow", "tar", "litdata", "mosaic")
+LIBS = ("shardflow", "tar", "litdata", "mosaic")  # and "shardflow-walk": the CLI with --order walk
 WORKERS = 2  # LitData's optimize workers, as in the peer harness
 MAX_COUNT = 10_000  # shardflow's default samples per shard; the others get the same
 
@@ -85,16 +85,17 @@ def convert(a: dict) -> dict:
             os.remove(p)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     cpu0 = cpu_seconds()  # (the imports below are not timed; their CPU is taken off at the end)
-    if lib == "shardflow":
+    if lib in ("shardflow", "shardflow-walk"):
         import contextlib
         import io
 
         from shardflow.cli import build_parser, main as sf_main
 
         build_parser()  # imports every converter module: import time, not timed (as the harness)
+        order = ["--order", "walk"] if lib == "shardflow-walk" else []  # (the default: shuffled)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) as out:
-            rc = sf_main(["convert", "imagefolder", tree, dst])
+            rc = sf_main(["convert", "imagefolder", tree, dst, *order])
         dt = time.perf_counter() - t0
         assert rc == 0, out.getvalue()
         shards = len([f for f in os.listdir(dst) if f.endswith(".tar")])
@@ -291,6 +292,8 @@ def report(results: dict, n: int, opened: list[dict], load: list[str]) -> str:
         if peers:
             best = max(peers, key=peers.get)  # type: ignore[arg-type]
             lines.append(f"  vs the faster of LitData and Mosaic ({best}): {sf / peers[best]:.2f}x  [>= 1.5x]")
+        if "shardflow-walk" in rate:
+            lines.append(f"  default (shuffled) vs --order walk: {sf / rate['shardflow-walk']:.2f}x  [>= 0.9x, issue 30]")
         peak = max(r["main_mb"] for r in results["shardflow"])
         wpeak = max(r["workers_mb"] for r in results["shardflow"])
         lines.append(f"  peak RSS: main {peak:.0f} MB, largest writer {wpeak:.0f} MB  [< 300 MB]")

@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
+    # the converter is imported with its parser, as pyg's and arrays' are (its default order
+    # comes from it), not in the handler: a program that builds the parser first (a benchmark, a
+    # long-lived tool calling main() repeatedly) has it imported before it converts
+    from ..convert.images import imagefolder
+
     parser = kinds.add_parser(
         "imagefolder",
         help="convert an ImageFolder tree (SRC/<class>/<image>) into shards",
@@ -68,7 +73,8 @@ def _add_imagefolder(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--quality", type=int, default=90, metavar="Q",
                         help="JPEG/WebP quality of the images --max-side re-encodes (1-100, default 90)")
     add_order_options(parser, "images in a seeded random order, every shard mixing the classes",
-                      "classes one after the other, as listed (for data that must stay ordered)")
+                      "classes one after the other, as listed (for data that must stay ordered)",
+                      default=imagefolder.DEFAULT_ORDER)
     add_shard_options(parser)
     parser.set_defaults(func=_imagefolder)
 

@@ -31,7 +31,7 @@ from .limits import DEFAULT_LIMITS, Limits
 from .members import iter_members, member_runs
 from .spans import SampleRun
 from .wholes import Frame, raw_sample, whole
-from .ustar import header, regular_member
+from .ustar import ascii_sample, header, regular_member
 
 __all__ = [
     "BLOCK",
@@ -418,6 +418,11 @@ def encode_member(name: str, data: bytes) -> bytes:
 def sample_parts(key: str, fields: dict[str, bytes]) -> list[bytes]:
     """The pieces of :func:`encode_sample`'s bytes, in order (joined, they are its result):
     a writer can copy them into its buffer without joining them first."""
+    raw = key.encode("utf-8", "surrogateescape")
+    if raw.isascii():  # the usual sample: plain ustar members, made in one step
+        fast = ascii_sample(raw, fields)
+        if fast is not None:
+            return fast
     parts: list[bytes] = []
     for field in sorted(fields):
         parts += _member_parts(f"{key}.{field}", fields[field])

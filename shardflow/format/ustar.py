@@ -9,9 +9,11 @@ formatting them was a fifth of the time to write a small sample.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .headers import BLOCK
 
-__all__ = ["header", "regular_member"]
+__all__ = ["header", "regular_member", "ascii_sample"]
 
 _ZERO_BLOCK = b"\0" * BLOCK
 _MODE_IDS = b"0000644\0" b"0000000\0" b"0000000\0"  # mode, uid, gid: bytes 100-124
@@ -20,6 +22,7 @@ _AFTER_TYPE = b"\0" * 100 + b"ustar\0" + b"00" + b"\0" * 247  # link name, magic
 _FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_TYPE) + 8 * 0x20  # the checksum field counts as spaces
 _REGULAR, _REGULAR_AFTER = ord("0"), b"0" + _AFTER_TYPE  # a regular file's type flag, and what follows it
 _SIZE_PARTS: dict[int, tuple[bytes, int, bytes]] = {}
+_SUFFIXES: dict[str, tuple[bytes, int] | None] = {}  # field -> (b"." + field, its byte sum); None: not ASCII
 
 
 def _size_parts(size: int) -> tuple[bytes, int, bytes]:
@@ -54,3 +57,35 @@ def regular_member(name: bytes, data: bytes) -> list[bytes]:
     middle, size_sum, pad = _size_parts(len(data))
     check = _FIXED_SUM + sum(name) + size_sum + _REGULAR
     return [b"".join((name.ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad]
+
+
+def _suffix(field: str) -> tuple[bytes, int] | None:
+    got = _SUFFIXES.get(field, False)
+    if got is False:
+        raw = ("." + field).encode("utf-8", "surrogateescape")
+        got = (raw, sum(raw)) if raw.isascii() else None
+        if len(_SUFFIXES) < 1024:
+            _SUFFIXES[field] = got
+    return got
+
+
+def ascii_sample(key: bytes, fields: Mapping[str, bytes]) -> list[bytes] | None:
+    """``[header, data, padding]`` of each field of a sample, fields sorted, members named
+    ``key.field`` (as :func:`regular_member` makes them, the key's byte sum taken once); None
+    when a member name is not ASCII or longer than 100 bytes (the caller's general path).
+
+    Args:
+        key: the sample key, ASCII bytes.
+        fields: field name -> bytes.
+    """
+    parts: list[bytes] = []
+    base = _FIXED_SUM + _REGULAR + sum(key)
+    for field in sorted(fields) if len(fields) > 1 else fields:
+        suffix = _suffix(field)
+        if suffix is None or len(key) + len(suffix[0]) > 100:
+            return None
+        data = fields[field]
+        middle, size_sum, pad = _size_parts(len(data))
+        check = base + suffix[1] + size_sum
+        parts += (b"".join(((key + suffix[0]).ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad)
+    return parts

@@ -43,11 +43,15 @@ from ...storage.urls import join_url, local_path, protocol_of
 from . import destination
 from .destination import Previous, prepare_destination, remove_files, remove_temporaries, write_state
 from .executors import Executor, make_executor
-from .groups import Build, GroupPlan, GroupResult, group_digest, write_group
+from .groups import Build, GroupPlan, GroupResult, group_digest, versioned_digest, write_group
 
-__all__ = ["ConvertOptions", "run_conversion", "Build"]
+__all__ = ["ConvertOptions", "run_conversion", "Build", "Identify"]
 
 log = logging.getLogger(__name__)
+
+# identify(group, context): the text the build's Versions item carries for these inputs, computed
+# in the converting process (raises OSError when a file is gone)
+Identify = Callable[[list[Any], Any], str]
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ class _Tasks:
                 except OSError as e:
                     raise ConversionError(f"making the shards of group {group} of {self.run.dest} durable failed: "
                                           f"{type(e).__name__}: {e}") from e  # fmt: skip
-                self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
+                self.run.finish(group, _recorded(digest, result), list(result.shards), list(result.fields),
+                                result.skipped)  # fmt: skip
                 continue
             group, digest = self.writing.pop(fut)
             try:
@@ -220,7 +225,8 @@ class _Tasks:
             if result.staged and self.committer is not None:
                 self.committing[self.committer.submit(_commit, result.staged)] = (group, digest, result)
             else:
-                self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
+                self.run.finish(group, _recorded(digest, result), list(result.shards), list(result.fields),
+                                result.skipped)  # fmt: skip
         if len(self.run.done) > finished:
             self.run.record()
 
@@ -232,7 +238,7 @@ class _Tasks:
                 fut.result()
             except Exception:  # noqa: BLE001 - the failure being raised says what went wrong
                 continue
-            self.run.finish(group, digest, list(result.shards), list(result.fields), result.skipped)
+            self.run.finish(group, _recorded(digest, result), list(result.shards), list(result.fields), result.skipped)
         self.committing.clear()
 
     def close(self) -> None:
@@ -242,6 +248,23 @@ class _Tasks:
         finally:
             if self.committer is not None:
                 self.committer.shutdown(wait=True, cancel_futures=True)
+
+
+def _recorded(digest: str, result: GroupResult) -> str:
+    """The digest recorded for a finished group: its inputs' digest, with what its build read
+    (:class:`~shardflow.convert.engine.groups.Versions`) where it yielded that."""
+    return digest if result.versions is None else versioned_digest(digest, result.versions)
+
+
+def _kept_digest(digest: str, group: list[Any], identify: Identify | None, context: Any) -> str | None:
+    """The digest a finished group of an earlier run must have been recorded with to be kept:
+    ``digest``, or with ``identify``'s text for the group (None: a file of it is gone)."""
+    if identify is None:
+        return digest
+    try:
+        return versioned_digest(digest, identify(group, context))
+    except OSError:
+        return None  # written again: its build names what is missing
 
 
 def _groups(inputs: Iterable[Any], size: int) -> Iterable[tuple[int, list[Any]]]:
@@ -278,6 +301,7 @@ def run_conversion(
     identity: Mapping[str, Any] | None = None,
     client: Any = None,
     skipped_meta: Callable[[list[str]], Mapping[str, Any]] | None = None,
+    identify: Identify | None = None,
 ) -> Manifest:
     """Convert an input stream into shards plus ``shardflow.json`` in ``dest``.
 
@@ -301,6 +325,10 @@ def run_conversion(
         skipped_meta: called after ``meta_at_end`` with the ``where`` of every input
             ``build`` skipped (those of kept groups too); its result is merged into
             ``meta`` (counts that must leave the skipped inputs out).
+        identify: for a ``build`` that yields a :class:`~shardflow.convert.engine.groups.Versions`
+            item (sizes and versions of the files read, see :mod:`~shardflow.convert.engine.groups`):
+            ``identify(group, context)`` computes the same text here, called only for groups an
+            earlier run finished, before keeping them.
 
     Returns:
         The final manifest, shards in order.
@@ -319,16 +347,18 @@ def run_conversion(
     identity = redact_data(json.loads(json.dumps(
         identity if identity is not None else {k: meta.get(k) for k in ("converter", "source")}, default=str
     )))  # fmt: skip
+    hooks = (meta_at_end, skipped_meta, identify)
     if not storage.is_local(dest):
-        return _convert(dest, inputs, build, context, meta, (meta_at_end, skipped_meta), options, progress, identity, client)
+        return _convert(dest, inputs, build, context, meta, hooks, options, progress, identity, client)
     # one writer per local destination: a second conversion (or ShardWriter) into it is
     # refused while this one runs; the kernel releases the lock however this process ends
     with DestinationLock(os.path.abspath(local_path(dest))):
-        return _convert(dest, inputs, build, context, meta, (meta_at_end, skipped_meta), options, progress, identity, client)
+        return _convert(dest, inputs, build, context, meta, hooks, options, progress, identity, client)
 
 
 def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta: dict[str, Any],
-             at_end: tuple[Callable[[], Mapping[str, Any]] | None, Callable[[list[str]], Mapping[str, Any]] | None],
+             hooks: tuple[Callable[[], Mapping[str, Any]] | None, Callable[[list[str]], Mapping[str, Any]] | None,
+                          Identify | None],
              options: ConvertOptions,
              progress: Callable[[int], None] | None, identity: Any, client: Any) -> Manifest:
     """:func:`run_conversion` once the destination is locked (local) or known remote."""
@@ -350,15 +380,17 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
     plan = GroupPlan(dest, options.prefix, options.max_count, options.max_bytes, options.index, io,
                      sync_dir=client is not None, staged=staged, compression=options.compression)  # fmt: skip
     run = _Run(dest, identity, meta, io, progress)
+    meta_at_end, skipped_meta, identify = hooks
     tasks = _Tasks(make_executor(workers, client), run, staged)
     failed = True
     try:
         for number, group in _groups(inputs, options.group_size or options.max_count):
             digest = group_digest(group, plan)
             old = previous.groups.get(number)
-            if old is not None and old[0] == digest and _still_there(old[1], dest, io):
+            if (old is not None and old[0] == _kept_digest(digest, group, identify, context)
+                    and _still_there(old[1], dest, io)):  # fmt: skip
                 run.kept += len(old[1])
-                run.finish(number, digest, old[1], previous.fields, previous.skipped.get(number, ()))
+                run.finish(number, old[0], old[1], previous.fields, previous.skipped.get(number, ()))
                 continue
             tasks.submit(number, digest, group, build, context, plan)
         tasks.drain()
@@ -377,7 +409,6 @@ def _convert(dest: str, inputs: Iterable[Any], build: Build, context: Any, meta:
         kept = getattr(progress, "kept", None)
         if callable(kept):
             kept(run.kept)
-    meta_at_end, skipped_meta = at_end
     if meta_at_end is not None:
         meta.update(redact_data(dict(meta_at_end())))
     if skipped_meta is not None:

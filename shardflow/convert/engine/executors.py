@@ -10,6 +10,7 @@ when a worker is lost: Dask does so by itself, and the result is the same.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
 import pickle
@@ -63,7 +64,16 @@ class LocalExecutor(Executor):
 
     def __init__(self, workers: int) -> None:
         self.slots = 2 * workers
-        self.pool = ProcessPoolExecutor(workers, initializer=writer_init, initargs=(os.getpid(),))
+        # The workers start now (forked while the caller lists its inputs), with this
+        # process's objects frozen out of the garbage collector: a collection in a forked
+        # worker walks every object it inherited and so copies each page it touches (14 ms
+        # of CPU per worker per full collection with the CLI's imports, 0.4 ms frozen).
+        gc.freeze()
+        try:
+            self.pool = ProcessPoolExecutor(workers, initializer=writer_init, initargs=(os.getpid(),))
+            self.pool.submit(os.getpid)  # (a pool that forks starts all its workers at the first task)
+        finally:
+            gc.unfreeze()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Check here that the task pickles, so that what cannot travel to a worker process is

@@ -20,6 +20,12 @@ yields no sample writes no shard.
 An input that ``build`` leaves out (a corrupt image under a skip policy) is
 yielded as :class:`Skipped`: it writes nothing, and the engine names it in the
 manifest's ``meta.skipped``.
+
+A group's digest (:func:`group_digest`) is a hash of its inputs. Where the inputs name files
+whose sizes and versions are learnt only as they are read (a listing without a ``stat`` per
+file), ``build`` yields one :class:`Versions` item: what it read, and the recorded digest is
+:func:`versioned_digest` of both; a re-run computes the same text in its own process
+(``identify`` of :func:`~shardflow.convert.engine.engine.run_conversion`) before it keeps a group.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from ...storage.urls import join_url, local_path
 from ...world import exit_with_parent
 from ...writing.writer import ShardFile, tar_size
 
-__all__ = ["Build", "GroupPlan", "GroupResult", "Skipped", "shard_name", "write_group", "group_digest"]
+__all__ = ["Build", "GroupPlan", "GroupResult", "Skipped", "Versions", "shard_name", "write_group", "group_digest",
+           "versioned_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,22 @@ class Skipped:
 
     where: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Versions:
+    """What ``build`` yields once (after its samples) when the content identity of its inputs
+    is known only as they are read: ``text`` stands for every file's size and version, in
+    input order, and must equal what the conversion's ``identify`` computes for the same
+    inputs (see the module docstring)."""
+
+    text: str
+
+
+def versioned_digest(digest: str, versions: str) -> str:
+    """The digest recorded for a group whose ``build`` yielded :class:`Versions`: ``digest`` (of
+    its inputs) and ``versions`` (their content) hashed together."""
+    return hashlib.sha256(f"{digest}\n{versions}".encode()).hexdigest()[:32]
 
 
 def shard_name(prefix: str, group: int, part: int, compression: str | None = None) -> str:
@@ -99,13 +122,15 @@ class GroupPlan:
 class GroupResult:
     """What one task wrote: its shards in order, with the field names each holds,
     (``GroupPlan.staged``) the ``(temporary, final path)`` of each file still to commit,
-    and the ``(where, reason)`` of each input ``build`` skipped."""
+    the ``(where, reason)`` of each input ``build`` skipped, and the text of the
+    :class:`Versions` it yielded (None: none)."""
 
     group: int
     shards: tuple[ShardInfo, ...]
     fields: tuple[str, ...]
     staged: tuple[tuple[str, str], ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
+    versions: str | None = None
 
 
 def group_digest(inputs: Sequence[Any], plan: GroupPlan) -> str:
@@ -132,15 +157,20 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     fields: set[str] = set()
     staged: list[tuple[str, str]] = []
     skipped: list[tuple[str, str]] = []
+    versions: str | None = None
     shard: ShardFile | None = None
     part = 0
     url = join_url(plan.dest, shard_name(plan.prefix, group, 0, plan.compression))
     max_count, max_bytes = plan.max_count, plan.max_bytes
     try:
         for item in build(inputs, context):
-            if isinstance(item, Skipped):
-                skipped.append((item.where, item.reason))
-                continue
+            if type(item) is not tuple:  # (a sample is a tuple: one check for nearly every item)
+                if isinstance(item, Skipped):
+                    skipped.append((item.where, item.reason))
+                    continue
+                if isinstance(item, Versions):
+                    versions = item.text
+                    continue
             key, data = item[0], item[1]
             sizes = item[2] if len(item) > 2 else None
             if shard is not None and (
@@ -172,7 +202,7 @@ def write_group(group: int, inputs: list[Any], build: Build, context: Any, plan:
     finally:
         if shard is not None:  # an error mid-shard: drop it (nothing appears at its name)
             shard.__exit__(ConversionError, ConversionError("aborted"), None)
-    return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged), tuple(skipped))
+    return GroupResult(group, tuple(infos), tuple(sorted(fields)), tuple(staged), tuple(skipped), versions)
 
 
 def writer_init(parent: int) -> None:

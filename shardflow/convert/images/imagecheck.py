@@ -31,7 +31,7 @@ from ..engine.groups import Skipped
 from .imageclasses import Descriptor
 from .walk import LocalTree, Tree
 
-__all__ = ["BuildContext", "build", "check_image", "READ_THREADS"]
+__all__ = ["BuildContext", "build", "check_image", "checked", "skipped", "READ_THREADS"]
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +166,33 @@ def build(descriptors: list[Descriptor], ctx: BuildContext) -> Iterator[Any]:
             raise ConversionError(
                 f"{tree.url(rel)}: changed during the conversion ({size} bytes when listed, {len(data)} when read)"
             )
-        why = check_image(data)
-        if why is None and ctx.max_side is not None:
-            data, why = _shrunk(data, ctx)
+        data, why = checked(data, ctx)
         if why is None:
             yield key, {field: data, "cls": b"%d" % idx}
-            continue
-        if ctx.on_error == "raise":
-            raise ConversionError(f"{tree.url(rel)}: {why} (on_error='skip' / --on-error skip leaves it out)",
-                                  reason="corrupt_image")  # fmt: skip
-        log.warning("%s: %s, skipped", redact(tree.url(rel)), why)
-        yield Skipped(rel, why)
+        else:
+            yield skipped(rel, why, ctx)
+
+
+def checked(data: bytes, ctx: BuildContext) -> tuple[bytes, str | None]:
+    """``(bytes to store, None)`` for an image that checks out (:func:`check_image`; shrunk
+    to ``ctx.max_side`` where that applies), ``(data, why)`` for a corrupt one."""
+    usual_jpeg = data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9" and read_jpeg_header(data) is not None
+    if usual_jpeg and ctx.max_side is None:
+        return data, None  # the usual JPEG (check_image's first test), kept as it is
+    why = check_image(data)
+    if why is None and ctx.max_side is not None:
+        data, why = _shrunk(data, ctx)
+    return data, why
+
+
+def skipped(rel: str, why: str, ctx: BuildContext) -> Skipped:
+    """The :class:`~shardflow.convert.engine.groups.Skipped` item of a corrupt image (logged).
+
+    Raises:
+        ConversionError: ``ctx.on_error`` is ``"raise"`` (reason ``corrupt_image``).
+    """
+    if ctx.on_error == "raise":
+        raise ConversionError(f"{ctx.tree.url(rel)}: {why} (on_error='skip' / --on-error skip leaves it out)",
+                              reason="corrupt_image")  # fmt: skip
+    log.warning("%s: %s, skipped", redact(ctx.tree.url(rel)), why)
+    return Skipped(rel, why)

@@ -21,7 +21,7 @@ from .imagekeys import key_names
 from .walk import Entry, Ignored, LocalTree, Tree, extension, iter_dirs
 
 __all__ = [
-    "Descriptor", "ClassWalk", "scan_root", "classes_from", "class_indices", "iter_class", "list_classes",
+    "Descriptor", "ClassWalk", "scan_root", "classes_from", "class_indices", "iter_class", "dir_images", "list_classes",
     "iter_images", "empty_classes", "LIST_BATCH", "LIST_AHEAD",
 ]  # fmt: skip
 
@@ -147,23 +147,8 @@ def iter_class(tree: Tree, index: int, cls: str, extensions: frozenset[str], ign
     adds to ``ignored`` what is not a sample."""
     stat = tree.stat if isinstance(tree, LocalTree) else None
     for rel, entries in iter_dirs(tree, cls, ignored):
-        images: list[Entry] = []
-        fields: list[str] = []
         head = rel + "/"
-        for entry in entries:  # once per file of the tree: plain indexing, the extension inlined
-            name, is_dir, is_file = entry[0], entry[1], entry[2]
-            if is_dir:
-                continue  # hidden and refused ones are named by iter_dirs
-            dot = name.rfind(".")
-            if name[0] == ".":
-                ignored.add(head + name, "hidden", is_dir=False)
-            elif not is_file:
-                ignored.add(head + name, "not a regular file (a broken link?)", is_dir=False)
-            elif (field := name[dot + 1 :].lower() if dot > 0 else "") in extensions:
-                images.append(entry)
-                fields.append(field)
-            else:
-                ignored.add(head + name, "not an image (extension)", is_dir=False)
+        images, fields = dir_images(head, entries, extensions, ignored)
         if not images:
             continue
         batch = []
@@ -172,6 +157,30 @@ def iter_class(tree: Tree, index: int, cls: str, extensions: frozenset[str], ign
             size, version = stat(path) if stat is not None else (entry.size, entry.version)
             batch.append((head + base, field, path, index, size, version))
         yield batch
+
+
+def dir_images(head: str, entries: list[Entry], extensions: frozenset[str],
+               ignored: Ignored) -> tuple[list[Entry], list[str]]:  # fmt: skip
+    """The image entries of one listed directory (``head``: its path and a slash), in the
+    order given, and their fields (extensions lower-cased); adds to ``ignored`` the files that
+    are not samples (hidden, not regular, another extension). Subdirectories are left out."""
+    images: list[Entry] = []
+    fields: list[str] = []
+    for entry in entries:  # once per file of the tree: plain indexing, the extension inlined
+        name, is_dir, is_file = entry[0], entry[1], entry[2]
+        if is_dir:
+            continue  # hidden and refused ones are named by iter_dirs
+        dot = name.rfind(".")
+        if name[0] == ".":
+            ignored.add(head + name, "hidden", is_dir=False)
+        elif not is_file:
+            ignored.add(head + name, "not a regular file (a broken link?)", is_dir=False)
+        elif (field := name[dot + 1 :].lower() if dot > 0 else "") in extensions:
+            images.append(entry)
+            fields.append(field)
+        else:
+            ignored.add(head + name, "not an image (extension)", is_dir=False)
+    return images, fields
 
 
 def list_classes(

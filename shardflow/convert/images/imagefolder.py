@@ -45,10 +45,11 @@ the last component escaped so that it holds no dot; reversible with
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from ...codecs.resize import DEFAULT_QUALITY
@@ -56,15 +57,18 @@ from ...errors import ConversionError
 from ...format.keys import IMAGE_EXTENSIONS
 from ...format.manifest import Manifest
 from ..engine.engine import ConvertOptions, run_conversion
-from ..engine.mixorder import DEFAULT_ORDER, in_order
+from ..engine.mixorder import DEFAULT_ORDER, ORDERS, in_order
 from .imagecheck import BuildContext, build
 from .imageclasses import ClassWalk, class_indices, empty_classes, iter_images, scan_root
 from .imageclasses import classes_from as read_classes
+from .imagelist import ImageListing, build_chunk, identify_chunk, local_shuffle
 from .imagekeys import key_names, key_to_path
 from .walk import Ignored, LocalTree, Tree, open_tree
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "ORDERS",
+    "DEFAULT_ORDER",
     "convert_imagefolder",
     "find_classes",
     "count_images",
@@ -274,16 +278,33 @@ def convert_imagefolder(
     _check_empty(where, tree, classes, exts, client, allow_empty)
     walk = ClassWalk(tree, classes, list(class_to_idx.values()), exts, client, ignored)
     meta, identity = _meta(tree, class_to_idx, exts, origin if given is not None else None, ctx)
+    inputs, build_step, identify, options = _ordered(walk, order, int(seed), options)
     return run_conversion(
-        dst, in_order(walk.descriptors(), order, int(seed)), build,
+        dst, inputs, build_step,
         context=ctx,
         meta={**meta, "order": order, "order_seed": int(seed)},
         meta_at_end=walk.summary, skipped_meta=walk.less_skipped,  # counts of the samples written
-        options=options,
-        progress=progress,
+        options=options, progress=progress,
         identity=identity,
-        client=client,
+        client=client, identify=identify,
     )
+
+
+def _ordered(walk: ClassWalk, order: str, seed: int, options: ConvertOptions) -> tuple[Iterable[Any], Any, Any, ConvertOptions]:
+    """The inputs in ``order``, the build and identify steps that take them, and the options
+    to run them with: a shuffled local tree lists names alone and gives each group of images
+    as one input (:mod:`~shardflow.convert.images.imagelist`); otherwise the walk's descriptors
+    (:func:`~shardflow.convert.engine.mixorder.in_order`).
+
+    Raises:
+        ValueError: an unknown order.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if local_shuffle(walk.tree, walk.client, order):
+        inputs = ImageListing(walk).chunks(seed, options.group_size or options.max_count)
+        return inputs, build_chunk, identify_chunk, dataclasses.replace(options, group_size=1)
+    return in_order(walk.descriptors(), order, seed), build, None, options
 
 
 def _meta(tree: Tree, class_to_idx: dict[str, int], exts: frozenset[str], classes_from: str | None,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["key_names", "key_to_path"]
+__all__ = ["key_names", "odd_key_names", "key_to_path"]
 
 _ESCAPES = str.maketrans({"%": "%25", ".": "%2E", "~": "%7E"})
 _UNESCAPE = re.compile(r"%([0-9A-F]{2})")
@@ -35,15 +35,30 @@ def key_names(images: list[str]) -> list[str]:
     See the module docstring: the stem escaped, plus ``~<extension>`` when several
     images of the directory share the stem.
     """
+    return _key_names(images)[0]
+
+
+def odd_key_names(images: list[str]) -> dict[int, str]:
+    """``{position: key basename}`` for those of one directory's images whose key basename
+    (:func:`key_names`) is not their stem (the name before its last dot): ``{}`` for the
+    usual directory, whose names need no escape and share no stem."""
+    names, plain = _key_names(images)
+    if plain:
+        return {}
+    return {i: base for i, (base, name) in enumerate(zip(names, images)) if base != name.rpartition(".")[0]}
+
+
+def _key_names(images: list[str]) -> tuple[list[str], bool]:
+    """:func:`key_names`, and whether they are the stems as they are."""
     stems = [name.rpartition(".") for name in images]
     plain = [stem for stem, _, _ in stems]
     if len(set(plain)) == len(plain):  # no stem shared (the usual directory): no suffix
         joined = "/" + "/".join(plain)  # and, mostly, nothing to escape either
         if "%" in joined or "." in joined or "~" in joined or "/__" in joined:
-            return [_escape(stem) for stem in plain]
-        return plain
+            return [_escape(stem) for stem in plain], False
+        return plain, True
     shared = Counter(plain)
-    return [_escape(stem) + (f"~{ext}" if shared[stem] > 1 else "") for stem, _, ext in stems]
+    return [_escape(stem) + (f"~{ext}" if shared[stem] > 1 else "") for stem, _, ext in stems], False
 
 
 def key_to_path(key: str) -> tuple[str, str | None]:

@@ -109,6 +109,10 @@ class Tree:
         """
         raise NotImplementedError
 
+    def listing(self, rel: str) -> list[Entry]:
+        """The entries of one directory, all of them, sorted by name (:meth:`scan`'s)."""
+        return sorted(self.scan(rel), key=_name)
+
     def dir_id(self, rel: str) -> Any:
         """An identity of the directory (stops symlink loops); None if unreadable."""
         return rel
@@ -157,6 +161,17 @@ class LocalTree(Tree):
                 is_dir = e.is_dir()
                 yield Entry(e.name, is_dir, not is_dir and e.is_file(), -1, None, is_dir and e.is_symlink())
 
+    def listing(self, rel: str) -> list[Entry]:
+        # once per file of the tree: the entries made in one comprehension (no generator, no
+        # NamedTuple constructor call), a file's with one test (what is a file is no folder)
+        make = tuple.__new__
+        with os.scandir(self.url(rel)) as it:
+            entries = [make(Entry, (e.name, False, True, -1, None, False)) if e.is_file()
+                       else make(Entry, (e.name, d := e.is_dir(), False, -1, None, d and e.is_symlink()))
+                       for e in it]  # fmt: skip
+        entries.sort(key=_name)
+        return entries
+
     def link_verdict(self, rel: str) -> str | None:
         path = self.url(rel)
         target = os.path.realpath(path)
@@ -173,6 +188,28 @@ class LocalTree(Tree):
         """``(size in bytes, mtime in ns)`` of a file (symlinks followed)."""
         st = os.stat(self._prefix + rel)
         return st.st_size, st.st_mtime_ns
+
+    def read_versioned(self, rel: str) -> tuple[bytes, int, int]:
+        """``(bytes, size, mtime in ns)`` of a file (symlinks followed): size and version
+        from the open file (``fstat``), the bytes read from it after; they differ in
+        length only when the file changed in between (the caller checks it).
+
+        Raises:
+            OSError: the file cannot be opened or read.
+        """
+        fd = os.open(self._prefix + rel, _READ_FLAGS)
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            data = os.read(fd, size + 1)
+            if len(data) > size:  # it grew since: read it all, for the caller to see the change
+                chunks = [data]
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            return data, size, st.st_mtime_ns
+        finally:
+            os.close(fd)
 
     def dir_id(self, rel: str) -> Any:
         try:
@@ -301,7 +338,7 @@ def iter_dirs(tree: Tree, top: str, ignored: Ignored) -> Iterator[tuple[str, lis
     rel: str | None = top
     ident = tree.dir_id(top)
     while rel is not None:
-        entries = sorted(tree.scan(rel), key=_name)
+        entries = tree.listing(rel)
         yield rel, entries
         dirs = []
         for e in entries:
