@@ -80,12 +80,30 @@ def ascii_sample(key: bytes, fields: Mapping[str, bytes]) -> list[bytes] | None:
     """
     parts: list[bytes] = []
     base = _FIXED_SUM + _REGULAR + sum(key)
+    room = 100 - len(key)
     for field in sorted(fields) if len(fields) > 1 else fields:
-        suffix = _suffix(field)
-        if suffix is None or len(key) + len(suffix[0]) > 100:
+        suffix = _SUFFIXES.get(field, False)
+        if suffix is False:
+            suffix = _suffix(field)
+        if suffix is None or len(suffix[0]) > room:
             return None
         data = fields[field]
-        middle, size_sum, pad = _size_parts(len(data))
+        got = _SIZE_PARTS.get(len(data))
+        middle, size_sum, pad = got if got is not None else _size_parts(len(data))
         check = base + suffix[1] + size_sum
-        parts += (b"".join(((key + suffix[0]).ljust(100, b"\0"), middle, b"%06o\0 " % check, _REGULAR_AFTER)), data, pad)
+        field_ = _CHECKS.get(check)
+        if field_ is None:
+            field_ = _check_field(check)
+        parts += (b"".join((key, suffix[0], _NULS[room - len(suffix[0])], middle, field_, _REGULAR_AFTER)), data, pad)
     return parts
+
+
+_NULS = [b"\0" * n for n in range(101)]  # a name's NUL padding to 100 bytes, by length
+_CHECKS: dict[int, bytes] = {}  # checksum -> its field (a header's sum is at most 512 * 255)
+
+
+def _check_field(check: int) -> bytes:
+    got = b"%06o\0 " % check
+    if len(_CHECKS) < 65536:
+        _CHECKS[check] = got
+    return got
