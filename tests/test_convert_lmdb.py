@@ -1,7 +1,7 @@
 """convert lmdb: one sample per key, the value's bytes unchanged; pickles refused unless opted in.
 
 The reference is lmdb's own read of the database (a cursor over every key); the shards are
-read back with the stdlib ``tarfile``.
+read back with the reference reader (stdlib ``tarfile``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from shardflow.convert.records.lmdb import convert_lmdb, original_key, tar_key  
 from shardflow.errors import ConversionError, PickledValueError  # noqa: E402
 from shardflow.format.keys import check_key  # noqa: E402
 from tests.order_reference import reference_permutation  # noqa: E402
+from tests.reference import read_dataset  # noqa: E402
 
 
 def jpeg(i: int) -> bytes:
@@ -67,18 +67,8 @@ def shuffled(ref: list) -> list:
 
 
 def tar_samples(dst: Path) -> list[dict]:
-    manifest = json.loads((dst / "shardflow.json").read_text())
-    out: list[dict] = []
-    for shard in manifest["shards"]:
-        with tarfile.open(dst / shard["url"]) as tar:
-            for member in tar.getmembers():
-                head, _, base = member.name.rpartition("/")
-                stem, _, field = base.partition(".")
-                key = f"{head}/{stem}" if head else stem
-                if not out or out[-1]["__key__"] != key:
-                    out.append({"__key__": key})
-                out[-1][field] = tar.extractfile(member).read()
-    return out
+    """Every sample of the dataset's shards, in manifest order, read by the reference reader (``tarfile``)."""
+    return [{"__key__": s.key, **s.fields} for s in read_dataset(dst)[0]]
 
 
 def test_fifty_jpeg_values_keys_preserved_bytes_unchanged(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """convert parquet: Hugging Face parquet datasets (image structs, ClassLabel) -> one sample per row.
 
 The reference for every value is pyarrow's own read of the files; the shards are read
-back with the stdlib ``tarfile`` (the webdataset key/field split done here by hand).
+back with the reference reader (stdlib ``tarfile``, tests/reference.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 import fsspec
@@ -26,6 +25,7 @@ from shardflow.convert.engine.engine import ConvertOptions  # noqa: E402
 from shardflow.convert.records.parquet import convert_parquet  # noqa: E402
 from shardflow.errors import ConversionError  # noqa: E402
 from tests.order_reference import reference_parquet  # noqa: E402
+from tests.reference import read_dataset  # noqa: E402
 
 NAMES = ["cat", "dog", "fish"]
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -74,19 +74,8 @@ def reference_rows(files) -> list[dict]:
 
 
 def tar_samples(dst: Path) -> list[dict]:
-    """Every sample of the dataset's shards, in manifest order, read with ``tarfile``."""
-    manifest = json.loads((dst / "shardflow.json").read_text())
-    out: list[dict] = []
-    for shard in manifest["shards"]:
-        with tarfile.open(dst / shard["url"]) as tar:
-            for member in tar.getmembers():
-                head, _, base = member.name.rpartition("/")
-                stem, _, field = base.partition(".")
-                key = f"{head}/{stem}" if head else stem
-                if not out or out[-1]["__key__"] != key:
-                    out.append({"__key__": key})
-                out[-1][field] = tar.extractfile(member).read()
-    return out
+    """Every sample of the dataset's shards, in manifest order, read by the reference reader (``tarfile``)."""
+    return [{"__key__": s.key, **s.fields} for s in read_dataset(dst)[0]]
 
 
 def test_hugging_face_layout_converts_with_defaults(tmp_path, capsys):

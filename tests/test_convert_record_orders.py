@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 
 from shardflow.convert.engine.engine import ConvertOptions
 from tests.order_reference import reference_parquet, reference_permutation, reference_window
+from tests.reference import read_dataset
 
 N, CLASSES, MAX_COUNT, LINE_WINDOW = 60, 3, 8, 10
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,19 +143,8 @@ CASES = {
 
 
 def samples(dst: Path) -> list[tuple[str, dict[str, bytes]]]:
-    """Every sample of the dataset, in stored order, read with ``tarfile``."""
-    manifest = json.loads((dst / "shardflow.json").read_text())
-    out: list[tuple[str, dict[str, bytes]]] = []
-    for shard in manifest["shards"]:
-        with tarfile.open(dst / shard["url"]) as tar:
-            for member in tar.getmembers():
-                head, _, base = member.name.rpartition("/")
-                stem, _, field = base.partition(".")
-                key = f"{head}/{stem}" if head else stem
-                if not out or out[-1][0] != key:
-                    out.append((key, {}))
-                out[-1][1][field] = tar.extractfile(member).read()
-    return out
+    """Every sample of the dataset, in stored order, read by the reference reader (``tarfile``)."""
+    return [(s.key, s.fields) for s in read_dataset(dst)[0]]
 
 
 def shard_files(dst: Path) -> dict[str, bytes]:
